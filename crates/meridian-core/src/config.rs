@@ -1,0 +1,401 @@
+//! Operator configuration: SLO classes, the priority → class map, the step-time seed profile and
+//! the policy knobs. A [`Config`] only exists validated: [`Config::from_json`] rejects unknown
+//! keys and out-of-range values with an [`Error::InvalidConfig`] that names the dotted key, so a
+//! bad `--additional-config` stops vLLM at start-up instead of misbehaving under load.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::slo::{ClassId, SloClass, SloTargets};
+
+/// What happens to the KV blocks of a finished reasoning request from the start of its reasoning on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningBlockRule {
+    /// Evict them first, except when the request ended in a tool call (the follow-up keeps them).
+    UnlessToolCall,
+    /// Always evict them first.
+    Always,
+    /// Treat them like any other prefix-cache block.
+    Never,
+}
+
+/// Seed coefficients of the step-time model: `step_ms = base_ms + per_token_ms * scheduled tokens
+/// + per_context_token_ms * context tokens read`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StepTimeProfile {
+    /// Fixed cost of one forward pass (weights read, launch overhead).
+    pub base_ms: f64,
+    /// Marginal cost of one scheduled token (prefill or decode).
+    pub per_token_ms: f64,
+    /// Marginal cost of one token of KV context read by attention.
+    pub per_context_token_ms: f64,
+    /// Refit the coefficients online from observed step times.
+    pub online_fit: bool,
+    /// Forgetting factor of the online fit, in (0.5, 1]; 1 never forgets.
+    pub forgetting: f64,
+}
+
+impl Default for StepTimeProfile {
+    /// An H200 serving an 8B-class model in bf16: ~16 GB of weights read per step at ~4.8 TB/s
+    /// gives ~4 ms; ~16 GFLOP per token at ~400 TFLOP/s effective gives 0.04 ms per token; ~147 kB
+    /// of KV per context token (36 layers, 8 KV heads × 128) gives 3e-5 ms per context token.
+    fn default() -> Self {
+        Self {
+            base_ms: 4.0,
+            per_token_ms: 0.04,
+            per_context_token_ms: 3.0e-5,
+            online_fit: true,
+            forgetting: 0.98,
+        }
+    }
+}
+
+/// Raw, unvalidated per-class targets as the operator writes them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClass {
+    ttft_ms: f64,
+    ttfat_ms: f64,
+    answer_tpot_ms: f64,
+    #[serde(default)]
+    e2e_ms: Option<f64>,
+    rank: u8,
+}
+
+/// Raw configuration as deserialized from JSON; every field is optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    classes: Option<BTreeMap<String, RawClass>>,
+    default_class: Option<String>,
+    priority_map: Option<BTreeMap<String, String>>,
+    think_batch_multiplier: Option<f64>,
+    tpot_headroom: Option<f64>,
+    min_token_budget: Option<u32>,
+    step_time: Option<StepTimeProfile>,
+    answer_kv_reserve: Option<bool>,
+    aging_ms: Option<f64>,
+    starvation_ms: Option<f64>,
+    evict_reasoning_blocks: Option<ReasoningBlockRule>,
+    tool_call_markers: Option<Vec<String>>,
+    stall_factor: Option<f64>,
+    think_tokens_prior: Option<Vec<u32>>,
+    answer_tokens_prior: Option<Vec<u32>>,
+}
+
+/// Validated configuration of the policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// SLO classes, indexed by [`ClassId`].
+    pub classes: Vec<SloClass>,
+    /// Class of a request that names none and whose priority maps to none.
+    pub default_class: ClassId,
+    /// vLLM priority thresholds: a priority maps to the class of the largest key ≤ it (or of the
+    /// smallest key when it is below all of them).
+    pub priority_map: Vec<(i64, ClassId)>,
+    /// Budget multiplier for steps in which no request is answering.
+    pub think_batch_multiplier: f64,
+    /// Fraction of the answer TPOT target a step may take, in (0, 1].
+    pub tpot_headroom: f64,
+    /// Floor of the per-step token budget (the budget never starves progress).
+    pub min_token_budget: u32,
+    /// Step-time seed profile.
+    pub step_time: StepTimeProfile,
+    /// Hold back KV blocks for running answering requests when admitting new ones.
+    pub answer_kv_reserve: bool,
+    /// Waiting time after which a waiting request moves up one class rank.
+    pub aging_ms: f64,
+    /// Waiting time after which a waiting request goes ahead of every new request.
+    pub starvation_ms: f64,
+    /// Eviction rule for finished requests' reasoning blocks.
+    pub evict_reasoning_blocks: ReasoningBlockRule,
+    /// Strings whose tokens mark a tool call (resolved to ids by the shim's tokenizer).
+    pub tool_call_markers: Vec<String>,
+    /// An answer gap above `stall_factor` × the class's answer TPOT target counts as a stall.
+    pub stall_factor: f64,
+    /// Thinking lengths (tokens) that seed the remaining-thinking predictor.
+    pub think_tokens_prior: Vec<u32>,
+    /// Answer lengths (tokens) that seed the remaining-answer predictor.
+    pub answer_tokens_prior: Vec<u32>,
+}
+
+/// Quantiles of production DeepSeek-R1 thinking lengths (ServeGen, `traces/REASONING.md`):
+/// p10…p99 spread as a small sample so the predictor starts heavy-tailed.
+const DEFAULT_THINK_PRIOR: [u32; 10] = [90, 180, 300, 420, 515, 680, 950, 1500, 2327, 9301];
+/// Visible answer lengths of the same sources: short and fairly stable.
+const DEFAULT_ANSWER_PRIOR: [u32; 10] = [40, 80, 120, 150, 184, 240, 330, 520, 985, 4666];
+
+impl Default for Config {
+    fn default() -> Self {
+        Self::from_raw(RawConfig::default()).expect("the built-in defaults are valid")
+    }
+}
+
+impl Config {
+    /// Parses and validates the JSON object an operator passes under `"meridian"` in vLLM's
+    /// `--additional-config`. An empty object gives the defaults.
+    pub fn from_json(text: &str) -> Result<Self> {
+        let deserializer = &mut serde_json::Deserializer::from_str(text);
+        let raw: RawConfig = serde_path_to_error::deserialize(deserializer).map_err(|err| {
+            let path = err.path().to_string();
+            let key = if path == "." { "meridian".to_owned() } else { path };
+            Error::config(key, err.inner().to_string())
+        })?;
+        Self::from_raw(raw)
+    }
+
+    /// Looks a class up by name.
+    pub fn class_by_name(&self, name: &str) -> Option<ClassId> {
+        self.classes.iter().position(|c| c.name == name).map(|i| ClassId(i as u8))
+    }
+
+    /// The class a vLLM priority maps to.
+    pub fn class_for_priority(&self, priority: i64) -> ClassId {
+        let below_or_equal = self.priority_map.iter().rev().find(|(threshold, _)| *threshold <= priority);
+        match (below_or_equal, self.priority_map.first()) {
+            (Some((_, class)), _) => *class,
+            (None, Some((_, lowest))) => *lowest,
+            (None, None) => self.default_class,
+        }
+    }
+
+    /// Comma-separated class names, for error messages.
+    pub fn class_names(&self) -> String {
+        self.classes.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+    }
+
+    fn from_raw(raw: RawConfig) -> Result<Self> {
+        let classes = validate_classes(raw.classes)?;
+        let class_id = |key: &str, name: &str| -> Result<ClassId> {
+            classes
+                .iter()
+                .position(|c| c.name == name)
+                .map(|i| ClassId(i as u8))
+                .ok_or_else(|| Error::config(key, format!("class `{name}` is not defined")))
+        };
+        let default_class = class_id("default_class", raw.default_class.as_deref().unwrap_or("standard"))?;
+        let priority_map = match raw.priority_map {
+            None => default_priority_map(&classes),
+            Some(map) => {
+                let mut out = Vec::with_capacity(map.len());
+                for (key, name) in &map {
+                    let threshold: i64 = key.trim().parse().map_err(|_| {
+                        Error::config(
+                            format!("priority_map.{key}"),
+                            "keys must be integers (vLLM priorities)",
+                        )
+                    })?;
+                    out.push((threshold, class_id(&format!("priority_map.{key}"), name)?));
+                }
+                out.sort_by_key(|(threshold, _)| *threshold);
+                out
+            }
+        };
+        let step_time = raw.step_time.unwrap_or_default();
+        validate_step_time(&step_time)?;
+        let config = Self {
+            classes,
+            default_class,
+            priority_map,
+            think_batch_multiplier: at_least(
+                "think_batch_multiplier",
+                raw.think_batch_multiplier.unwrap_or(2.5),
+                1.0,
+            )?,
+            tpot_headroom: in_unit_interval("tpot_headroom", raw.tpot_headroom.unwrap_or(0.9))?,
+            min_token_budget: positive_u32("min_token_budget", raw.min_token_budget.unwrap_or(16))?,
+            step_time,
+            answer_kv_reserve: raw.answer_kv_reserve.unwrap_or(true),
+            aging_ms: positive("aging_ms", raw.aging_ms.unwrap_or(10_000.0))?,
+            starvation_ms: positive("starvation_ms", raw.starvation_ms.unwrap_or(60_000.0))?,
+            evict_reasoning_blocks: raw.evict_reasoning_blocks.unwrap_or(ReasoningBlockRule::UnlessToolCall),
+            tool_call_markers: raw.tool_call_markers.unwrap_or_else(|| vec!["<tool_call>".to_owned()]),
+            stall_factor: at_least("stall_factor", raw.stall_factor.unwrap_or(5.0), 1.0)?,
+            think_tokens_prior: non_empty_prior(
+                "think_tokens_prior",
+                raw.think_tokens_prior,
+                &DEFAULT_THINK_PRIOR,
+            )?,
+            answer_tokens_prior: non_empty_prior(
+                "answer_tokens_prior",
+                raw.answer_tokens_prior,
+                &DEFAULT_ANSWER_PRIOR,
+            )?,
+        };
+        Ok(config)
+    }
+}
+
+fn default_classes() -> Vec<SloClass> {
+    let class = |name: &str, rank, ttft_ms, ttfat_ms, answer_tpot_ms| SloClass {
+        name: name.to_owned(),
+        rank,
+        targets: SloTargets { ttft_ms, ttfat_ms, answer_tpot_ms, e2e_ms: None },
+    };
+    vec![
+        class("interactive", 0, 1_000.0, 15_000.0, 50.0),
+        class("standard", 1, 3_000.0, 60_000.0, 100.0),
+        class("batch", 2, 60_000.0, 1_800_000.0, 1_000.0),
+    ]
+}
+
+fn default_priority_map(classes: &[SloClass]) -> Vec<(i64, ClassId)> {
+    let mut by_rank: Vec<usize> = (0..classes.len()).collect();
+    by_rank.sort_by_key(|&i| (classes[i].rank, i));
+    match by_rank.as_slice() {
+        [only] => vec![(0, ClassId(*only as u8))],
+        [first, middle @ .., last] => {
+            let standard = middle.first().copied().unwrap_or(*last);
+            vec![(-1, ClassId(*first as u8)), (0, ClassId(standard as u8)), (1, ClassId(*last as u8))]
+        }
+        [] => Vec::new(),
+    }
+}
+
+fn validate_classes(raw: Option<BTreeMap<String, RawClass>>) -> Result<Vec<SloClass>> {
+    let Some(raw) = raw else { return Ok(default_classes()) };
+    if raw.is_empty() {
+        return Err(Error::config("classes", "at least one SLO class is required"));
+    }
+    if raw.len() > usize::from(u8::MAX) {
+        return Err(Error::config("classes", "at most 255 SLO classes are supported"));
+    }
+    raw.into_iter()
+        .map(|(name, c)| {
+            let key = |field: &str| format!("classes.{name}.{field}");
+            let e2e_ms = match c.e2e_ms {
+                Some(v) => Some(positive_key(&key("e2e_ms"), v)?),
+                None => None,
+            };
+            Ok(SloClass {
+                targets: SloTargets {
+                    ttft_ms: positive_key(&key("ttft_ms"), c.ttft_ms)?,
+                    ttfat_ms: positive_key(&key("ttfat_ms"), c.ttfat_ms)?,
+                    answer_tpot_ms: positive_key(&key("answer_tpot_ms"), c.answer_tpot_ms)?,
+                    e2e_ms,
+                },
+                name,
+                rank: c.rank,
+            })
+        })
+        .collect()
+}
+
+fn validate_step_time(p: &StepTimeProfile) -> Result<()> {
+    non_negative("step_time.base_ms", p.base_ms)?;
+    positive("step_time.per_token_ms", p.per_token_ms)?;
+    non_negative("step_time.per_context_token_ms", p.per_context_token_ms)?;
+    if !(p.forgetting > 0.5 && p.forgetting <= 1.0) {
+        return Err(Error::config("step_time.forgetting", format!("{} is not in (0.5, 1]", p.forgetting)));
+    }
+    Ok(())
+}
+
+fn positive_key(key: &str, v: f64) -> Result<f64> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(Error::config(key, format!("{v} is not a positive number")))
+    }
+}
+
+fn positive(key: &str, v: f64) -> Result<f64> {
+    positive_key(key, v)
+}
+
+fn non_negative(key: &str, v: f64) -> Result<f64> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(Error::config(key, format!("{v} is not a non-negative number")))
+    }
+}
+
+fn at_least(key: &str, v: f64, min: f64) -> Result<f64> {
+    if v.is_finite() && v >= min {
+        Ok(v)
+    } else {
+        Err(Error::config(key, format!("{v} must be a number ≥ {min}")))
+    }
+}
+
+fn in_unit_interval(key: &str, v: f64) -> Result<f64> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(v)
+    } else {
+        Err(Error::config(key, format!("{v} is not in (0, 1]")))
+    }
+}
+
+fn positive_u32(key: &str, v: u32) -> Result<u32> {
+    if v > 0 {
+        Ok(v)
+    } else {
+        Err(Error::config(key, "must be at least 1"))
+    }
+}
+
+fn non_empty_prior(key: &str, given: Option<Vec<u32>>, default: &[u32]) -> Result<Vec<u32>> {
+    match given {
+        None => Ok(default.to_vec()),
+        Some(v) if v.is_empty() => Err(Error::config(key, "must list at least one length")),
+        Some(v) if v.contains(&0) => Err(Error::config(key, "lengths must be at least 1 token")),
+        Some(v) => Ok(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_object_gives_defaults() {
+        let config = Config::from_json("{}").unwrap();
+        assert_eq!(config, Config::default());
+        assert_eq!(config.classes.len(), 3);
+        assert_eq!(config.classes[config.default_class.index()].name, "standard");
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_json(r#"{"think_batch_multiplyer": 2}"#).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("think_batch_multiplyer"), "{msg}");
+    }
+
+    #[test]
+    fn nested_bad_value_names_the_dotted_key() {
+        let text = r#"{"classes": {"gold": {"ttft_ms": -1, "ttfat_ms": 5, "answer_tpot_ms": 5, "rank": 0}},
+                       "default_class": "gold"}"#;
+        let err = Config::from_json(text).unwrap_err();
+        assert!(err.to_string().contains("classes.gold.ttft_ms"), "{err}");
+        let err = Config::from_json(r#"{"step_time": {"per_token_ms": "fast"}}"#).unwrap_err();
+        assert!(err.to_string().contains("step_time.per_token_ms"), "{err}");
+    }
+
+    #[test]
+    fn default_class_must_exist() {
+        let err = Config::from_json(r#"{"default_class": "gold"}"#).unwrap_err();
+        assert!(err.to_string().contains("default_class"), "{err}");
+    }
+
+    #[test]
+    fn priority_maps_by_threshold() {
+        let config = Config::default();
+        let name = |p| config.classes[config.class_for_priority(p).index()].name.clone();
+        assert_eq!(name(-5), "interactive");
+        assert_eq!(name(-1), "interactive");
+        assert_eq!(name(0), "standard");
+        assert_eq!(name(7), "batch");
+    }
+
+    #[test]
+    fn custom_priority_map_rejects_non_integer_keys() {
+        let err = Config::from_json(r#"{"priority_map": {"high": "interactive"}}"#).unwrap_err();
+        assert!(err.to_string().contains("priority_map.high"), "{err}");
+    }
+}

@@ -1,0 +1,45 @@
+//! Meridian's policy core: phase- and SLO-aware scheduling decisions for serving reasoning
+//! models on vLLM. Pure Rust with no Python: the vLLM shim hands it plain numbers once per engine
+//! step and gets plain decisions back (orders, budgets, victims, never-reusable blocks).
+//!
+//! ```
+//! use meridian_core::{Config, EngineLimits, Meridian, NewRequest, ReasoningMarkers};
+//!
+//! const THINK_END: u32 = 2;
+//! let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 2048, max_num_seqs: 64 };
+//! let markers = ReasoningMarkers::new(vec![1], vec![THINK_END], vec![]);
+//! let mut core = Meridian::new(Config::default(), limits, markers).unwrap();
+//! let new = |req_id| NewRequest {
+//!     req_id, arrival_ms: 0.0, prompt_token_ids: &[7, 8, 9], max_tokens: 64,
+//!     slo_class: None, priority: 0,
+//! };
+//! let thinker = core.add_request(new("a")).unwrap();
+//! let answerer = core.add_request(new("b")).unwrap();
+//! core.on_tokens(5.0, thinker, &[42]).unwrap();
+//! core.on_tokens(5.0, answerer, &[42, THINK_END, 43]).unwrap();
+//! let plan = core.plan_step(10.0, &[thinker, answerer], &[], 100).unwrap();
+//! // The answering request goes first; the thinking one is the preemption victim.
+//! assert_eq!(plan.running_order, vec![1, 0]);
+//! ```
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod error;
+pub mod ledger;
+pub mod phase;
+pub mod predictor;
+pub mod scheduler;
+pub mod slo;
+pub mod step_model;
+
+pub use config::{Config, ReasoningBlockRule, StepTimeProfile};
+pub use error::{Error, Result};
+pub use ledger::{
+    Attainment, ClassCounters, FinishReason, PhaseCounts, PhaseCountsU64, RequestLedger, RequestMetrics,
+};
+pub use phase::{Phase, ReasoningMarkers, TokenKind};
+pub use scheduler::{
+    EngineLimits, FinishedRequest, Meridian, NewRequest, Preemption, ReqHandle, SchedulerStats, StepPlan,
+};
+pub use slo::{ClassId, SloClass, SloTargets};

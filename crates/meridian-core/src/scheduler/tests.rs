@@ -1,0 +1,406 @@
+use proptest::prelude::*;
+
+use super::*;
+
+const THINK: u32 = 1;
+const END: u32 = 2;
+const TOOL: u32 = 3;
+const WORD: u32 = 100;
+
+fn limits() -> EngineLimits {
+    EngineLimits { block_size: 16, max_num_batched_tokens: 8192, max_num_seqs: 256 }
+}
+
+fn engine_with(config: Config) -> Meridian {
+    Meridian::new(config, limits(), ReasoningMarkers::new(vec![THINK], vec![END], vec![vec![TOOL]])).unwrap()
+}
+
+fn engine() -> Meridian {
+    engine_with(Config::default())
+}
+
+fn add(core: &mut Meridian, req_id: &str, arrival_ms: f64, prompt_len: usize) -> ReqHandle {
+    add_class(core, req_id, arrival_ms, prompt_len, None)
+}
+
+fn add_class(
+    core: &mut Meridian,
+    req_id: &str,
+    arrival_ms: f64,
+    prompt_len: usize,
+    class: Option<&str>,
+) -> ReqHandle {
+    let prompt = vec![WORD; prompt_len];
+    core.add_request(NewRequest {
+        req_id,
+        arrival_ms,
+        prompt_token_ids: &prompt,
+        max_tokens: 4096,
+        slo_class: class,
+        priority: 0,
+    })
+    .unwrap()
+}
+
+fn think(core: &mut Meridian, now_ms: f64, h: ReqHandle, n: usize) {
+    core.on_tokens(now_ms, h, &vec![WORD; n]).unwrap();
+}
+
+#[test]
+fn answering_requests_run_first_and_the_victim_is_thinking() {
+    let mut core = engine();
+    let a = add(&mut core, "a", 0.0, 32);
+    let b = add(&mut core, "b", 0.0, 32);
+    let c = add(&mut core, "c", 0.0, 32);
+    think(&mut core, 10.0, a, 5);
+    think(&mut core, 10.0, b, 5);
+    core.on_tokens(10.0, b, &[END, WORD]).unwrap();
+    think(&mut core, 10.0, c, 3000);
+    let plan = core.plan_step(20.0, &[a, b, c], &[], 1000).unwrap();
+    assert_eq!(plan.running_order[0], 1, "the answering request leads");
+    assert_eq!(core.phase(b).unwrap(), Phase::Answer);
+    // c has thought deep into the heavy tail, so it expects far more thinking and has less
+    // slack; a has the most slack and is the victim.
+    assert_eq!(plan.running_order, vec![1, 2, 0]);
+}
+
+#[test]
+fn requests_past_their_ttfat_deadline_drop_to_best_effort() {
+    let mut core = engine();
+    let late = add_class(&mut core, "late", 0.0, 16, Some("interactive"));
+    let fresh = add_class(&mut core, "fresh", 99_000.0, 16, Some("interactive"));
+    think(&mut core, 99_500.0, late, 3);
+    think(&mut core, 99_500.0, fresh, 3);
+    let plan = core.plan_step(100_000.0, &[late, fresh], &[], 1000).unwrap();
+    assert_eq!(plan.running_order, vec![1, 0], "the request that can still make it goes first");
+}
+
+#[test]
+fn preempted_requests_resume_before_new_ones_and_classes_order_the_rest() {
+    let mut core = engine();
+    let batch = add_class(&mut core, "batch", 0.0, 16, Some("batch"));
+    let inter = add_class(&mut core, "inter", 5.0, 16, Some("interactive"));
+    let victim = add(&mut core, "victim", 8.0, 16);
+    think(&mut core, 9.0, victim, 4);
+    core.plan_step(10.0, &[victim], &[batch, inter], 1000).unwrap();
+    let p = core.on_preempted(10.0, victim).unwrap();
+    assert_eq!(p, Preemption { phase: Phase::Think, alarm: false });
+    let plan = core.plan_step(11.0, &[], &[batch, inter, victim], 1000).unwrap();
+    assert_eq!(plan.waiting_order, vec![2, 1, 0]);
+}
+
+#[test]
+fn aging_and_starvation_bound_keep_batch_requests_moving() {
+    let config = Config::from_json(r#"{"aging_ms": 100, "starvation_ms": 1000}"#).unwrap();
+    let mut core = engine_with(config);
+    let batch = add_class(&mut core, "batch", 0.0, 16, Some("batch"));
+    let inter = add_class(&mut core, "inter", 150.0, 16, Some("interactive"));
+    // At 160 ms, batch has aged one rank (standard) but interactive still outranks it.
+    let plan = core.plan_step(160.0, &[], &[batch, inter], 1000).unwrap();
+    assert_eq!(plan.waiting_order, vec![1, 0]);
+    // At 250 ms, batch has aged two ranks: same rank, and its slack is larger, so still second.
+    // Past the starvation bound it goes first whatever its class.
+    let inter2 = add_class(&mut core, "inter2", 1500.0, 16, Some("interactive"));
+    let plan = core.plan_step(1500.0, &[], &[inter2, batch], 1000).unwrap();
+    assert_eq!(plan.waiting_order, vec![1, 0]);
+}
+
+#[test]
+fn admission_keeps_a_reserve_for_answering_requests() {
+    let mut core = engine();
+    let answering = add(&mut core, "ans", 0.0, 16);
+    core.on_tokens(1.0, answering, &[END]).unwrap();
+    let w1 = add(&mut core, "w1", 2.0, 100); // 7 blocks with the first decode token
+    let w2 = add(&mut core, "w2", 3.0, 100);
+    let reserve = core.plan_step(4.0, &[answering], &[w1, w2], 1000).unwrap().num_reserved_blocks;
+    assert!(reserve > 0);
+    let plan = core.plan_step(4.0, &[answering], &[w1, w2], reserve + 10).unwrap();
+    assert_eq!(plan.num_admissible, 1, "only one 7-block prompt fits beside the reserve");
+    // Without the reserve both fit.
+    let mut core = engine_with(Config::from_json(r#"{"answer_kv_reserve": false}"#).unwrap());
+    let answering = add(&mut core, "ans", 0.0, 16);
+    core.on_tokens(1.0, answering, &[END]).unwrap();
+    let w1 = add(&mut core, "w1", 2.0, 100);
+    let w2 = add(&mut core, "w2", 3.0, 100);
+    let plan = core.plan_step(4.0, &[answering], &[w1, w2], reserve + 10).unwrap();
+    assert_eq!((plan.num_reserved_blocks, plan.num_admissible), (0, 2));
+}
+
+#[test]
+fn an_idle_engine_always_lets_the_head_try() {
+    let mut core = engine();
+    let huge = add(&mut core, "huge", 0.0, 10_000);
+    let plan = core.plan_step(1.0, &[], &[huge], 3).unwrap();
+    assert_eq!(plan.num_admissible, 1);
+}
+
+#[test]
+fn budget_is_capped_by_answer_tpot_and_relaxed_without_answers() {
+    let config = Config::from_json(
+        r#"{"step_time": {"base_ms": 10, "per_token_ms": 0.1, "per_context_token_ms": 0, "online_fit": false},
+            "tpot_headroom": 1.0, "min_token_budget": 4}"#,
+    )
+    .unwrap();
+    let mut core = engine_with(config);
+    let t = add_class(&mut core, "t", 0.0, 16, Some("interactive"));
+    think(&mut core, 1.0, t, 1);
+    // interactive answer TPOT 50 ms: (50 - 10) / 0.1 = 400 tokens; ×2.5 without answers.
+    let plan = core.plan_step(2.0, &[t], &[], 1000).unwrap();
+    assert_eq!(plan.token_budget, 1000);
+    let a = add_class(&mut core, "a", 0.0, 16, Some("interactive"));
+    core.on_tokens(3.0, a, &[END, WORD]).unwrap();
+    let plan = core.plan_step(4.0, &[t, a], &[], 1000).unwrap();
+    assert_eq!(plan.token_budget, 400);
+}
+
+#[test]
+fn budget_never_exceeds_the_engine_limit_nor_falls_below_the_floor() {
+    let config = Config::from_json(
+        r#"{"step_time": {"base_ms": 1000, "per_token_ms": 1, "online_fit": false}, "min_token_budget": 8}"#,
+    )
+    .unwrap();
+    let mut core = engine_with(config);
+    let a = add(&mut core, "a", 0.0, 16);
+    core.on_tokens(1.0, a, &[END]).unwrap();
+    assert_eq!(core.plan_step(2.0, &[a], &[], 10).unwrap().token_budget, 8);
+}
+
+#[test]
+fn preempting_an_answer_while_thinking_runs_raises_an_alarm() {
+    let mut core = engine();
+    let a = add(&mut core, "a", 0.0, 16);
+    let t = add(&mut core, "t", 0.0, 16);
+    core.on_tokens(1.0, a, &[END]).unwrap();
+    think(&mut core, 1.0, t, 1);
+    core.plan_step(2.0, &[a, t], &[], 10).unwrap();
+    assert!(core.on_preempted(2.0, a).unwrap().alarm);
+    core.plan_step(3.0, &[t], &[a], 10).unwrap();
+    assert!(!core.on_preempted(3.0, t).unwrap().alarm);
+    assert_eq!(core.stats().num_answer_preemption_alarms, 1);
+    assert_eq!(core.stats().num_preemptions.answer, 1);
+    assert_eq!(core.stats().num_preemptions.think, 1);
+}
+
+#[test]
+fn finished_reasoning_requests_report_never_reusable_blocks_unless_tool_call() {
+    let mut core = engine();
+    let open_prompt = [WORD, WORD, THINK, WORD];
+    let new = |req_id| NewRequest {
+        req_id,
+        arrival_ms: 0.0,
+        prompt_token_ids: &open_prompt,
+        max_tokens: 64,
+        slo_class: None,
+        priority: 0,
+    };
+    let plain = core.add_request(new("plain")).unwrap();
+    let tool = core.add_request(new("tool")).unwrap();
+    core.on_tokens(1.0, plain, &[WORD, END, WORD]).unwrap();
+    core.on_tokens(1.0, tool, &[WORD, END, TOOL]).unwrap();
+    let done = core.finish(2.0, plain, FinishReason::Stopped).unwrap();
+    assert_eq!(done.never_reusable_from_token, Some(2));
+    assert_eq!(core.finish(2.0, tool, FinishReason::Stopped).unwrap().never_reusable_from_token, None);
+
+    let mut always = engine_with(Config::from_json(r#"{"evict_reasoning_blocks": "always"}"#).unwrap());
+    let tool = always.add_request(new("tool")).unwrap();
+    always.on_tokens(1.0, tool, &[WORD, END, TOOL]).unwrap();
+    assert_eq!(always.finish(2.0, tool, FinishReason::Stopped).unwrap().never_reusable_from_token, Some(2));
+}
+
+#[test]
+fn bad_input_gets_named_errors() {
+    let mut core = engine();
+    let a = add(&mut core, "a", 0.0, 4);
+    let err = core
+        .add_request(NewRequest {
+            req_id: "a",
+            arrival_ms: 0.0,
+            prompt_token_ids: &[1],
+            max_tokens: 1,
+            slo_class: None,
+            priority: 0,
+        })
+        .unwrap_err();
+    assert_eq!(err, Error::DuplicateRequest { req_id: "a".into() });
+    let err = core
+        .add_request(NewRequest {
+            req_id: "b",
+            arrival_ms: 0.0,
+            prompt_token_ids: &[1],
+            max_tokens: 1,
+            slo_class: Some("gold"),
+            priority: 0,
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("gold") && err.to_string().contains("interactive"), "{err}");
+    assert!(core.plan_step(f64::NAN, &[a], &[], 1).is_err());
+    assert!(core.plan_step(1.0, &[a], &[a], 1).unwrap_err().to_string().contains("twice"));
+    core.finish(1.0, a, FinishReason::Aborted).unwrap();
+    assert_eq!(core.plan_step(1.0, &[a], &[], 1).unwrap_err(), Error::UnknownRequest { handle: a.0 });
+    // The slot is reused, but the stale handle stays invalid.
+    let b = add(&mut core, "b", 0.0, 4);
+    assert_ne!(a, b);
+    assert!(core.phase(a).is_err());
+}
+
+#[test]
+fn step_outputs_fit_the_step_time_model() {
+    let config = Config::from_json(r#"{"step_time": {"base_ms": 100, "per_token_ms": 1}}"#).unwrap();
+    let mut core = engine_with(config);
+    let a = add(&mut core, "a", 0.0, 16);
+    let mut now = 0.0;
+    for i in 0..400u32 {
+        let plan = core.plan_step(now, &[a], &[], 100).unwrap();
+        let tokens = 1 + (i * 37) % 500;
+        now += 2.0 + 0.01 * f64::from(tokens);
+        core.on_step_output(now, plan.step_id, tokens).unwrap();
+    }
+    let (base, per_token, _) = core.step_time_coefficients();
+    assert!((base - 2.0).abs() < 0.5, "base {base}");
+    assert!((per_token - 0.01).abs() < 2e-3, "per_token {per_token}");
+    assert_eq!(core.stats().num_step_samples, 400);
+}
+
+#[test]
+fn ledger_and_class_counters_follow_the_request() {
+    let mut core = engine();
+    let a = add_class(&mut core, "a", 0.0, 8, Some("interactive"));
+    core.on_tokens(100.0, a, &[WORD]).unwrap();
+    core.on_tokens(110.0, a, &[END]).unwrap();
+    core.on_tokens(120.0, a, &[WORD]).unwrap();
+    core.on_tokens(130.0, a, &[WORD]).unwrap();
+    let done = core.finish(130.0, a, FinishReason::Stopped).unwrap();
+    assert_eq!(done.metrics.ttft_ms, Some(100.0));
+    assert_eq!(done.metrics.ttfat_ms, Some(120.0));
+    assert_eq!(done.metrics.answer_tpot_ms, Some(10.0));
+    assert!(done.attainment.all());
+    let interactive = core.config().class_by_name("interactive").unwrap();
+    assert_eq!(core.class_counters()[interactive.index()].num_met_all, 1);
+    assert_eq!(core.num_requests(), 0);
+}
+
+// ---- property tests -------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add { prompt_len: usize, class: u8, open_think: bool },
+    Tokens { pick: usize, tokens: Vec<u32> },
+    Admit { pick: usize },
+    Plan { free_blocks: u32 },
+    Preempt { pick: usize },
+    Finish { pick: usize, reason: u8 },
+    Output { tokens: u32 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (1usize..300, 0u8..4, any::<bool>()).prop_map(|(prompt_len, class, open_think)| Op::Add {
+            prompt_len,
+            class,
+            open_think
+        }),
+        (any::<usize>(), prop::collection::vec(prop_oneof![Just(END), Just(TOOL), 4u32..50], 1..6))
+            .prop_map(|(pick, tokens)| Op::Tokens { pick, tokens }),
+        any::<usize>().prop_map(|pick| Op::Admit { pick }),
+        (0u32..500).prop_map(|free_blocks| Op::Plan { free_blocks }),
+        any::<usize>().prop_map(|pick| Op::Preempt { pick }),
+        (any::<usize>(), 0u8..4).prop_map(|(pick, reason)| Op::Finish { pick, reason }),
+        (0u32..3000).prop_map(|tokens| Op::Output { tokens }),
+    ]
+}
+
+fn is_permutation(order: &[u32], n: usize) -> bool {
+    let mut seen = vec![false; n];
+    order.len() == n
+        && order.iter().all(|&i| (i as usize) < n && !std::mem::replace(&mut seen[i as usize], true))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn random_event_streams_keep_every_invariant(ops in prop::collection::vec(op(), 1..120)) {
+        let mut core = engine();
+        let mut running: Vec<ReqHandle> = Vec::new();
+        let mut waiting: Vec<ReqHandle> = Vec::new();
+        let mut phases: HashMap<ReqHandle, Phase> = HashMap::new();
+        let mut now = 0.0;
+        let mut next_id = 0;
+        let mut last_step = None;
+        for op in ops {
+            now += 1.5;
+            match op {
+                Op::Add { prompt_len, class, open_think } => {
+                    let mut prompt = vec![WORD; prompt_len];
+                    if open_think { prompt.push(THINK); }
+                    let class = ["interactive", "standard", "batch"].get(class as usize).copied();
+                    let id = format!("r{next_id}");
+                    next_id += 1;
+                    let h = core.add_request(NewRequest {
+                        req_id: &id, arrival_ms: now, prompt_token_ids: &prompt, max_tokens: 512,
+                        slo_class: class, priority: 0,
+                    }).unwrap();
+                    waiting.push(h);
+                    phases.insert(h, Phase::Prefill);
+                }
+                Op::Admit { pick } if !waiting.is_empty() => {
+                    running.push(waiting.remove(pick % waiting.len()));
+                }
+                Op::Tokens { pick, tokens } if !running.is_empty() => {
+                    let h = running[pick % running.len()];
+                    core.on_tokens(now, h, &tokens).unwrap();
+                }
+                Op::Plan { free_blocks } => {
+                    let mut probe = core.clone();
+                    let plan = core.plan_step(now, &running, &waiting, free_blocks).unwrap();
+                    let again = probe.plan_step(now, &running, &waiting, free_blocks).unwrap();
+                    prop_assert_eq!(&plan, &again, "plans are deterministic");
+                    prop_assert!(is_permutation(&plan.running_order, running.len()));
+                    prop_assert!(is_permutation(&plan.waiting_order, waiting.len()));
+                    prop_assert!(plan.token_budget >= 1 && plan.token_budget <= limits().max_num_batched_tokens);
+                    prop_assert!(plan.num_admissible as usize <= waiting.len());
+                    // Answer-phase requests all precede thinking ones in the running order.
+                    let first_non_answer = plan.running_order.iter()
+                        .position(|&i| core.phase(running[i as usize]).unwrap() != Phase::Answer)
+                        .unwrap_or(running.len());
+                    prop_assert!(plan.running_order[first_non_answer..].iter()
+                        .all(|&i| core.phase(running[i as usize]).unwrap() != Phase::Answer));
+                    running = plan.running_order.iter().map(|&i| running[i as usize]).collect();
+                    waiting = plan.waiting_order.iter().map(|&i| waiting[i as usize]).collect();
+                    last_step = Some(plan.step_id);
+                }
+                Op::Preempt { pick } if !running.is_empty() => {
+                    let h = running.remove(pick % running.len());
+                    core.on_preempted(now, h).unwrap();
+                    waiting.insert(0, h);
+                }
+                Op::Finish { pick, reason } if !running.is_empty() || !waiting.is_empty() => {
+                    let total = running.len() + waiting.len();
+                    let i = pick % total;
+                    let h = if i < running.len() { running.remove(i) } else { waiting.remove(i - running.len()) };
+                    let reason = [FinishReason::Stopped, FinishReason::Length, FinishReason::Aborted, FinishReason::Error][reason as usize];
+                    let done = core.finish(now, h, reason).unwrap();
+                    let m = done.metrics;
+                    for v in [m.ttft_ms, m.ttfat_ms, m.answer_tpot_ms, m.think_tpot_ms, m.e2e_ms].into_iter().flatten() {
+                        prop_assert!(v.is_finite() && v >= 0.0);
+                    }
+                    phases.remove(&h);
+                    prop_assert!(core.phase(h).is_err());
+                }
+                Op::Output { tokens } => {
+                    if let Some(step) = last_step.take() {
+                        core.on_step_output(now, step, tokens).unwrap();
+                    }
+                }
+                _ => {}
+            }
+            // No request lost or duplicated; phases only move forward.
+            prop_assert_eq!(core.num_requests(), running.len() + waiting.len());
+            for (h, seen) in phases.iter_mut() {
+                let phase = core.phase(*h).unwrap();
+                prop_assert!(phase >= *seen, "phase went back from {:?} to {:?}", seen, phase);
+                *seen = phase;
+            }
+        }
+    }
+}
