@@ -1,1 +1,84 @@
-fn main() {}
+//! One engine step's decisions (`Meridian::plan_step`) at 64 / 256 / 1,024 / 4,096 live requests,
+//! half running (a mix of answering and thinking), half waiting. Target: under 20 µs at 1,024.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use meridian_core::{Config, EngineLimits, Meridian, NewRequest, ReasoningMarkers, ReqHandle};
+use std::hint::black_box;
+
+const END: u32 = 2;
+
+fn populated(num_requests: usize) -> (Meridian, Vec<ReqHandle>, Vec<ReqHandle>) {
+    let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 8192, max_num_seqs: 4096 };
+    let markers = ReasoningMarkers::new(vec![1], vec![END], vec![]);
+    let mut core = Meridian::new(Config::default(), limits, markers).unwrap();
+    let classes = ["interactive", "standard", "batch"];
+    let mut running = Vec::new();
+    let mut waiting = Vec::new();
+    let prompt = vec![7u32; 512];
+    let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..num_requests {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let id = format!("req-{i}");
+        let h = core
+            .add_request(NewRequest {
+                req_id: &id,
+                arrival_ms: (i as f64) * 3.0,
+                prompt_token_ids: &prompt[..64 + (rng % 448) as usize],
+                max_tokens: 8192,
+                slo_class: Some(classes[i % 3]),
+                priority: 0,
+            })
+            .unwrap();
+        if i % 2 == 0 {
+            let thought = vec![9u32; 1 + (rng >> 20) as usize % 400];
+            core.on_tokens(i as f64 * 3.0 + 100.0, h, &thought).unwrap();
+            if rng % 3 == 0 {
+                core.on_tokens(i as f64 * 3.0 + 200.0, h, &[END, 9, 9]).unwrap();
+            }
+            running.push(h);
+        } else {
+            waiting.push(h);
+        }
+    }
+    (core, running, waiting)
+}
+
+/// Steady state: as in the engine loop, the lists come back in the previous plan's order.
+fn bench_plan_step(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan_step");
+    for n in [64usize, 256, 1024, 4096] {
+        let (mut core, running, waiting) = populated(n);
+        let now_ms = n as f64 * 3.0 + 500.0;
+        let plan = core.plan_step(now_ms, &running, &waiting, 10_000).unwrap();
+        let running: Vec<_> = plan.running_order.iter().map(|&i| running[i as usize]).collect();
+        let waiting: Vec<_> = plan.waiting_order.iter().map(|&i| waiting[i as usize]).collect();
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                black_box(core.plan_step(now_ms, black_box(&running), black_box(&waiting), 10_000).unwrap())
+            })
+        });
+    }
+    group.finish();
+}
+
+/// Worst case: lists in an order unrelated to the policy's (first step after a burst of arrivals).
+fn bench_plan_step_shuffled(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan_step_shuffled");
+    for n in [1024usize] {
+        let (mut core, running, waiting) = populated(n);
+        let now_ms = n as f64 * 3.0 + 500.0;
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+            b.iter(|| {
+                black_box(core.plan_step(now_ms, black_box(&running), black_box(&waiting), 10_000).unwrap())
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_plan_step, bench_plan_step_shuffled);
+criterion_main!(benches);

@@ -6,9 +6,8 @@
 //! prediction is a finite number of tokens ≥ 1, and a query costs O(1) (the per-bucket table is
 //! rebuilt at most once per observation batch).
 
-const NUM_BUCKETS: usize = 64;
-/// Bucket `b` holds lengths in `[RATIO^b, RATIO^(b+1))`, RATIO = 2^(1/4): 64 buckets span 1…65,536.
-const LOG2_RATIO: f64 = 0.25;
+/// Four buckets per power of two (edges at `2^e · (1 + k/4)`): 128 buckets span 1…2^32.
+const NUM_BUCKETS: usize = 128;
 /// Past the largest observed length, assume a Pareto tail with index 2: residual = attained.
 const TAIL_RESIDUAL_PER_ATTAINED: f64 = 1.0;
 /// Weight of old observations after each new one: an effective memory of ~2,000 requests, so the
@@ -22,16 +21,24 @@ pub struct ResidualLength {
     weighted_len: [f64; NUM_BUCKETS],
     /// Per bucket: expected residual when the attained length is the bucket's lower edge.
     residual_at_bucket: [f64; NUM_BUCKETS],
-    /// Per bucket: `(Σ_{j≥b} w·len, Σ_{j≥b} w)` tail sums.
-    tail: [(f64, f64); NUM_BUCKETS],
+    /// Per bucket: mean length of the lengths in this bucket and above (`None`: no weight there).
+    tail_mean: [Option<f64>; NUM_BUCKETS],
     dirty: bool,
 }
 
-fn bucket_of(len: f64) -> usize {
-    if len < 1.0 {
-        return 0;
-    }
-    ((len.log2() / LOG2_RATIO) as usize).min(NUM_BUCKETS - 1)
+/// Integer bucketing: the exponent and the two bits after the leading one. No `log2` on the hot
+/// path (the per-step plan queries this for every thinking request).
+fn bucket_of(len: u32) -> usize {
+    let len = len.max(1);
+    let exponent = 31 - len.leading_zeros();
+    let quarter = if exponent >= 2 { (len >> (exponent - 2)) & 3 } else { (len << (2 - exponent)) & 3 };
+    (exponent * 4 + quarter) as usize
+}
+
+/// Smallest length in bucket `b`.
+fn lower_edge(b: usize) -> f64 {
+    let exponent = (b / 4) as i32;
+    f64::from(2.0f32.powi(exponent)) * (1.0 + (b % 4) as f64 / 4.0)
 }
 
 impl ResidualLength {
@@ -41,11 +48,11 @@ impl ResidualLength {
             weight: [0.0; NUM_BUCKETS],
             weighted_len: [0.0; NUM_BUCKETS],
             residual_at_bucket: [1.0; NUM_BUCKETS],
-            tail: [(0.0, 0.0); NUM_BUCKETS],
+            tail_mean: [None; NUM_BUCKETS],
             dirty: true,
         };
         for &len in prior {
-            p.add(f64::from(len.max(1)), 1.0);
+            p.add(len, 1.0);
         }
         p.rebuild();
         p
@@ -57,19 +64,17 @@ impl ResidualLength {
             *w *= DECAY;
             *wl *= DECAY;
         }
-        self.add(f64::from(len_tokens.max(1)), 1.0);
+        self.add(len_tokens, 1.0);
     }
 
     /// Expected tokens still to come after `attained_tokens`. Call [`Self::refresh`] after
     /// observations first; a stale table only makes the estimate a little older.
     pub fn expected_remaining(&self, attained_tokens: u32) -> f64 {
         let a = f64::from(attained_tokens);
-        let b = bucket_of(a.max(1.0));
-        let (sum_len, sum_w) = self.tail[b];
-        if sum_w <= 1e-12 {
+        let b = bucket_of(attained_tokens);
+        let Some(mean_beyond) = self.tail_mean[b] else {
             return (a * TAIL_RESIDUAL_PER_ATTAINED).max(1.0);
-        }
-        let mean_beyond = sum_len / sum_w;
+        };
         if mean_beyond <= a {
             // Attained length already at the mean of its own bucket: fall back to the tail law.
             return (a * TAIL_RESIDUAL_PER_ATTAINED).max(self.residual_at_bucket[b]).max(1.0);
@@ -89,10 +94,10 @@ impl ResidualLength {
         }
     }
 
-    fn add(&mut self, len: f64, w: f64) {
+    fn add(&mut self, len: u32, w: f64) {
         let b = bucket_of(len);
         self.weight[b] += w;
-        self.weighted_len[b] += w * len;
+        self.weighted_len[b] += w * f64::from(len.max(1));
         self.dirty = true;
     }
 
@@ -102,10 +107,9 @@ impl ResidualLength {
         for b in (0..NUM_BUCKETS).rev() {
             sum_len += self.weighted_len[b];
             sum_w += self.weight[b];
-            self.tail[b] = (sum_len, sum_w);
-            let lower_edge = (b as f64 * LOG2_RATIO).exp2();
+            self.tail_mean[b] = (sum_w > 1e-12).then(|| sum_len / sum_w);
             self.residual_at_bucket[b] =
-                if sum_w > 1e-12 { (sum_len / sum_w - lower_edge).max(1.0) } else { 1.0 };
+                if sum_w > 1e-12 { (sum_len / sum_w - lower_edge(b)).max(1.0) } else { 1.0 };
         }
         self.dirty = false;
     }
@@ -134,6 +138,18 @@ mod tests {
         p.refresh();
         let mean = p.mean();
         assert!((900.0..1200.0).contains(&mean), "mean {mean}");
+    }
+
+    #[test]
+    fn buckets_are_monotone_and_match_their_edges() {
+        let mut last = 0;
+        for len in 1..100_000u32 {
+            let b = bucket_of(len);
+            assert!(b >= last && b < NUM_BUCKETS);
+            assert!(lower_edge(b) <= f64::from(len), "{len} in bucket {b}");
+            last = b;
+        }
+        assert_eq!(bucket_of(u32::MAX), NUM_BUCKETS - 1);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct StepSample {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepTimeModel {
     theta: [f64; 3],
+    /// `theta` clamped into the invariant's range, in natural units; what predictions use.
+    coefficients: (f64, f64, f64),
     covariance: [[f64; 3]; 3],
     forgetting: f64,
     online_fit: bool,
@@ -43,12 +45,14 @@ impl StepTimeModel {
         for (i, row) in covariance.iter_mut().enumerate() {
             row[i] = PRIOR_VARIANCE;
         }
+        let theta = [
+            profile.base_ms,
+            profile.per_token_ms / TOKEN_SCALE,
+            profile.per_context_token_ms / CONTEXT_SCALE,
+        ];
         Self {
-            theta: [
-                profile.base_ms,
-                profile.per_token_ms / TOKEN_SCALE,
-                profile.per_context_token_ms / CONTEXT_SCALE,
-            ],
+            coefficients: natural_units(theta),
+            theta,
             covariance,
             forgetting: profile.forgetting,
             online_fit: profile.online_fit,
@@ -58,8 +62,7 @@ impl StepTimeModel {
 
     /// Current coefficients in natural units: `(base_ms, per_token_ms, per_context_token_ms)`.
     pub fn coefficients(&self) -> (f64, f64, f64) {
-        let [base, per_token, per_ctx] = self.clamped();
-        (base, per_token * TOKEN_SCALE, per_ctx * CONTEXT_SCALE)
+        self.coefficients
     }
 
     /// Samples folded in so far.
@@ -114,14 +117,15 @@ impl StepTimeModel {
         }
         if theta.iter().chain(next.iter().flatten()).all(|v| v.is_finite()) {
             self.theta = theta;
+            self.coefficients = natural_units(theta);
             self.covariance = next;
             self.num_samples += 1;
         }
     }
+}
 
-    fn clamped(&self) -> [f64; 3] {
-        [self.theta[0].max(0.0), self.theta[1].max(MIN_PER_TOKEN_MS / TOKEN_SCALE), self.theta[2].max(0.0)]
-    }
+fn natural_units(theta: [f64; 3]) -> (f64, f64, f64) {
+    (theta[0].max(0.0), (theta[1] * TOKEN_SCALE).max(MIN_PER_TOKEN_MS), (theta[2] * CONTEXT_SCALE).max(0.0))
 }
 
 fn dot(a: &[f64; 3], b: &[f64; 3]) -> f64 {
