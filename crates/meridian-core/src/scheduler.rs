@@ -350,6 +350,11 @@ impl Meridian {
         Ok(self.get(handle)?.tracker.phase())
     }
 
+    /// Output tokens observed so far for a live request.
+    pub fn num_output_tokens(&self, handle: ReqHandle) -> Result<u32> {
+        Ok(self.get(handle)?.num_output_tokens)
+    }
+
     /// SLO class of a live request.
     pub fn class_of(&self, handle: ReqHandle) -> Result<ClassId> {
         Ok(self.get(handle)?.class)

@@ -1,1 +1,365 @@
-// placeholder
+//! PyO3 bindings of `meridian-core` as the extension module `meridian._core`. This crate only
+//! converts Python values into the core's plain inputs, delegates, and maps each core error
+//! variant onto its Python exception class (`meridian.errors`); it holds no policy.
+
+use meridian_core as core;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+mod errors;
+
+use errors::to_py;
+
+/// CUDA kernel sources embedded at build time (DESIGN §1): the wheel carries them inside the
+/// extension, so the loader never depends on package-data paths.
+const KERNEL_SOURCES: &[(&str, &str)] = &[];
+
+/// Returns the source of a bundled CUDA kernel file by name.
+#[pyfunction]
+fn kernel_source(name: &str) -> PyResult<&'static str> {
+    KERNEL_SOURCES.iter().find(|(n, _)| *n == name).map(|(_, src)| *src).ok_or_else(|| {
+        let known: Vec<&str> = KERNEL_SOURCES.iter().map(|(n, _)| *n).collect();
+        errors::invalid_argument(format!("no bundled kernel named {name:?}; bundled: {known:?}"))
+    })
+}
+
+/// Validated Meridian configuration.
+#[pyclass(module = "meridian._core", name = "Config", frozen)]
+#[derive(Clone)]
+struct PyConfig {
+    inner: core::Config,
+}
+
+#[pymethods]
+impl PyConfig {
+    /// Parses and validates the JSON object given under `"meridian"` in `--additional-config`.
+    #[staticmethod]
+    fn from_json(text: &str) -> PyResult<Self> {
+        core::Config::from_json(text).map(|inner| Self { inner }).map_err(to_py)
+    }
+
+    /// Class names in class-id order.
+    #[getter]
+    fn class_names(&self) -> Vec<String> {
+        self.inner.classes.iter().map(|c| c.name.clone()).collect()
+    }
+
+    /// The default class's name.
+    #[getter]
+    fn default_class(&self) -> String {
+        self.inner.classes[self.inner.default_class.index()].name.clone()
+    }
+
+    /// Strings whose tokens mark a tool call.
+    #[getter]
+    fn tool_call_markers(&self) -> Vec<String> {
+        self.inner.tool_call_markers.clone()
+    }
+
+    /// Targets of one class as a dict (`ttft_ms`, `ttfat_ms`, `answer_tpot_ms`, `e2e_ms`, `rank`).
+    fn class_targets<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+        let id = self.inner.class_by_name(name).ok_or_else(|| {
+            errors::invalid_argument(format!("unknown class {name:?}; classes: {}", self.inner.class_names()))
+        })?;
+        let class = &self.inner.classes[id.index()];
+        let d = PyDict::new(py);
+        d.set_item("ttft_ms", class.targets.ttft_ms)?;
+        d.set_item("ttfat_ms", class.targets.ttfat_ms)?;
+        d.set_item("answer_tpot_ms", class.targets.answer_tpot_ms)?;
+        d.set_item("e2e_ms", class.targets.e2e_ms)?;
+        d.set_item("rank", class.rank)?;
+        Ok(d)
+    }
+}
+
+/// One step's decisions.
+#[pyclass(module = "meridian._core", name = "StepPlan", frozen, get_all)]
+struct PyStepPlan {
+    step_id: u64,
+    running_order: Vec<u32>,
+    waiting_order: Vec<u32>,
+    num_admissible: u32,
+    token_budget: u32,
+    num_reserved_blocks: u32,
+}
+
+/// A finished request's report.
+#[pyclass(module = "meridian._core", name = "FinishedRequest", frozen, get_all)]
+struct PyFinishedRequest {
+    req_id: String,
+    slo_class: String,
+    reason: &'static str,
+    arrival_ms: f64,
+    ttft_ms: Option<f64>,
+    ttfat_ms: Option<f64>,
+    transition_gap_ms: Option<f64>,
+    think_tpot_ms: Option<f64>,
+    answer_tpot_ms: Option<f64>,
+    e2e_ms: Option<f64>,
+    max_answer_gap_ms: f64,
+    num_stalls: u32,
+    num_think_tokens: u32,
+    num_answer_tokens: u32,
+    num_preemptions_prefill: u32,
+    num_preemptions_think: u32,
+    num_preemptions_answer: u32,
+    met_all: bool,
+    never_reusable_from_token: Option<u32>,
+}
+
+/// The policy engine of one vLLM scheduler.
+#[pyclass(module = "meridian._core", name = "Meridian")]
+struct PyMeridian {
+    inner: core::Meridian,
+}
+
+#[pymethods]
+impl PyMeridian {
+    #[new]
+    #[pyo3(signature = (config, *, block_size, max_num_batched_tokens, max_num_seqs,
+                        reasoning_start_ids, reasoning_end_ids, tool_call_ids))]
+    fn new(
+        config: &PyConfig,
+        block_size: u32,
+        max_num_batched_tokens: u32,
+        max_num_seqs: u32,
+        reasoning_start_ids: Vec<u32>,
+        reasoning_end_ids: Vec<u32>,
+        tool_call_ids: Vec<Vec<u32>>,
+    ) -> PyResult<Self> {
+        let limits = core::EngineLimits { block_size, max_num_batched_tokens, max_num_seqs };
+        let markers = core::ReasoningMarkers::new(reasoning_start_ids, reasoning_end_ids, tool_call_ids);
+        core::Meridian::new(config.inner.clone(), limits, markers).map(|inner| Self { inner }).map_err(to_py)
+    }
+
+    /// Number of live requests.
+    #[getter]
+    fn num_requests(&self) -> usize {
+        self.inner.num_requests()
+    }
+
+    /// Starts tracking a request; returns its handle.
+    #[pyo3(signature = (req_id, arrival_ms, prompt_token_ids, max_tokens, slo_class, priority))]
+    fn add_request(
+        &mut self,
+        req_id: &str,
+        arrival_ms: f64,
+        prompt_token_ids: Vec<u32>,
+        max_tokens: u32,
+        slo_class: Option<&str>,
+        priority: i64,
+    ) -> PyResult<u64> {
+        let req = core::NewRequest {
+            req_id,
+            arrival_ms,
+            prompt_token_ids: &prompt_token_ids,
+            max_tokens,
+            slo_class,
+            priority,
+        };
+        self.inner.add_request(req).map(|h| h.0).map_err(to_py)
+    }
+
+    /// Name of the class a request would get (raises `UnknownSloClassError`).
+    #[pyo3(signature = (req_id, slo_class, priority))]
+    fn resolve_class(&self, req_id: &str, slo_class: Option<&str>, priority: i64) -> PyResult<String> {
+        let id = self.inner.resolve_class(req_id, slo_class, priority).map_err(to_py)?;
+        Ok(self.inner.config().classes[id.index()].name.clone())
+    }
+
+    /// Decides one step from the handles of `running` and `waiting` in their current order.
+    fn plan_step(
+        &mut self,
+        now_ms: f64,
+        running: Vec<u64>,
+        waiting: Vec<u64>,
+        num_free_blocks: u32,
+    ) -> PyResult<PyStepPlan> {
+        let running = handles(running);
+        let waiting = handles(waiting);
+        let plan = self.inner.plan_step(now_ms, &running, &waiting, num_free_blocks).map_err(to_py)?;
+        Ok(PyStepPlan {
+            step_id: plan.step_id,
+            running_order: plan.running_order,
+            waiting_order: plan.waiting_order,
+            num_admissible: plan.num_admissible,
+            token_budget: plan.token_budget,
+            num_reserved_blocks: plan.num_reserved_blocks,
+        })
+    }
+
+    /// Records a preemption; returns `(phase, alarm)`.
+    fn on_preempted(&mut self, now_ms: f64, handle: u64) -> PyResult<(&'static str, bool)> {
+        let p = self.inner.on_preempted(now_ms, core::ReqHandle(handle)).map_err(to_py)?;
+        Ok((phase_name(p.phase), p.alarm))
+    }
+
+    /// Feeds the tokens of one step's output for many requests: `counts[i]` tokens of
+    /// `flat_token_ids` belong to `handles[i]`, in order.
+    fn on_tokens_batch(
+        &mut self,
+        now_ms: f64,
+        handles: Vec<u64>,
+        counts: Vec<u32>,
+        flat_token_ids: Vec<u32>,
+    ) -> PyResult<()> {
+        if handles.len() != counts.len() {
+            return Err(errors::invalid_argument(format!(
+                "handles ({}) and counts ({}) differ in length",
+                handles.len(),
+                counts.len()
+            )));
+        }
+        let total: u64 = counts.iter().map(|&c| u64::from(c)).sum();
+        if total != flat_token_ids.len() as u64 {
+            return Err(errors::invalid_argument(format!(
+                "counts add up to {total} tokens but flat_token_ids holds {}",
+                flat_token_ids.len()
+            )));
+        }
+        let mut offset = 0usize;
+        for (&h, &n) in handles.iter().zip(&counts) {
+            let end = offset + n as usize;
+            self.inner.on_tokens(now_ms, core::ReqHandle(h), &flat_token_ids[offset..end]).map_err(to_py)?;
+            offset = end;
+        }
+        Ok(())
+    }
+
+    /// Records a step's output arrival and folds its duration into the step-time model.
+    fn on_step_output(&mut self, now_ms: f64, step_id: u64, num_scheduled_tokens: u32) -> PyResult<()> {
+        self.inner.on_step_output(now_ms, step_id, num_scheduled_tokens).map_err(to_py)
+    }
+
+    /// Stops tracking a request; `reason` is `stopped`, `length`, `aborted` or `error`.
+    fn finish(&mut self, now_ms: f64, handle: u64, reason: &str) -> PyResult<PyFinishedRequest> {
+        let reason = finish_reason(reason)?;
+        let done = self.inner.finish(now_ms, core::ReqHandle(handle), reason).map_err(to_py)?;
+        let m = &done.metrics;
+        let p = done.ledger.num_preemptions;
+        Ok(PyFinishedRequest {
+            slo_class: self.inner.config().classes[done.class.index()].name.clone(),
+            reason: reason_name(done.reason),
+            arrival_ms: done.ledger.arrival_ms,
+            ttft_ms: m.ttft_ms,
+            ttfat_ms: m.ttfat_ms,
+            transition_gap_ms: m.transition_gap_ms,
+            think_tpot_ms: m.think_tpot_ms,
+            answer_tpot_ms: m.answer_tpot_ms,
+            e2e_ms: m.e2e_ms,
+            max_answer_gap_ms: m.max_answer_gap_ms,
+            num_stalls: m.num_stalls,
+            num_think_tokens: done.ledger.num_think_tokens,
+            num_answer_tokens: done.ledger.num_answer_tokens,
+            num_preemptions_prefill: p.prefill,
+            num_preemptions_think: p.think,
+            num_preemptions_answer: p.answer,
+            met_all: done.attainment.all(),
+            never_reusable_from_token: done.never_reusable_from_token,
+            req_id: done.req_id,
+        })
+    }
+
+    /// Phase of a live request: `prefill`, `think`, `answer` or `done`.
+    fn phase(&self, handle: u64) -> PyResult<&'static str> {
+        self.inner.phase(core::ReqHandle(handle)).map(phase_name).map_err(to_py)
+    }
+
+    /// Output tokens the core has observed for a live request.
+    fn num_output_tokens(&self, handle: u64) -> PyResult<u32> {
+        self.inner.num_output_tokens(core::ReqHandle(handle)).map_err(to_py)
+    }
+
+    /// Handle of a live request by vLLM id, if tracked.
+    fn handle_of(&self, req_id: &str) -> Option<u64> {
+        self.inner.handle_of(req_id).map(|h| h.0)
+    }
+
+    /// Engine-wide counters as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.stats();
+        let d = PyDict::new(py);
+        d.set_item("num_steps", s.num_steps)?;
+        d.set_item("num_added", s.num_added)?;
+        d.set_item("num_finished", s.num_finished)?;
+        d.set_item("num_preemptions_prefill", s.num_preemptions.prefill)?;
+        d.set_item("num_preemptions_think", s.num_preemptions.think)?;
+        d.set_item("num_preemptions_answer", s.num_preemptions.answer)?;
+        d.set_item("num_answer_preemption_alarms", s.num_answer_preemption_alarms)?;
+        d.set_item("num_reasoning_evictions", s.num_reasoning_evictions)?;
+        d.set_item("num_step_samples", s.num_step_samples)?;
+        Ok(d)
+    }
+
+    /// Per-class attainment counters: `{class: {counter: value}}`.
+    fn class_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for (class, c) in self.inner.config().classes.iter().zip(self.inner.class_counters()) {
+            let d = PyDict::new(py);
+            d.set_item("num_completed", c.num_completed)?;
+            d.set_item("num_aborted", c.num_aborted)?;
+            d.set_item("num_met_ttft", c.num_met_ttft)?;
+            d.set_item("num_met_ttfat", c.num_met_ttfat)?;
+            d.set_item("num_met_answer_tpot", c.num_met_answer_tpot)?;
+            d.set_item("num_met_e2e", c.num_met_e2e)?;
+            d.set_item("num_met_all", c.num_met_all)?;
+            d.set_item("num_stalls", c.num_stalls)?;
+            d.set_item("num_preemptions_prefill", c.num_preemptions.prefill)?;
+            d.set_item("num_preemptions_think", c.num_preemptions.think)?;
+            d.set_item("num_preemptions_answer", c.num_preemptions.answer)?;
+            out.set_item(&class.name, d)?;
+        }
+        Ok(out)
+    }
+
+    /// Current step-time coefficients `(base_ms, per_token_ms, per_context_token_ms)`.
+    fn step_time_coefficients(&self) -> (f64, f64, f64) {
+        self.inner.step_time_coefficients()
+    }
+}
+
+fn handles(raw: Vec<u64>) -> Vec<core::ReqHandle> {
+    raw.into_iter().map(core::ReqHandle).collect()
+}
+
+fn phase_name(phase: core::Phase) -> &'static str {
+    match phase {
+        core::Phase::Prefill => "prefill",
+        core::Phase::Think => "think",
+        core::Phase::Answer => "answer",
+        core::Phase::Done => "done",
+    }
+}
+
+fn reason_name(reason: core::FinishReason) -> &'static str {
+    match reason {
+        core::FinishReason::Stopped => "stopped",
+        core::FinishReason::Length => "length",
+        core::FinishReason::Aborted => "aborted",
+        core::FinishReason::Error => "error",
+    }
+}
+
+fn finish_reason(name: &str) -> PyResult<core::FinishReason> {
+    match name {
+        "stopped" => Ok(core::FinishReason::Stopped),
+        "length" => Ok(core::FinishReason::Length),
+        "aborted" => Ok(core::FinishReason::Aborted),
+        "error" => Ok(core::FinishReason::Error),
+        other => Err(errors::invalid_argument(format!(
+            "finish reason {other:?} is not one of stopped, length, aborted, error"
+        ))),
+    }
+}
+
+/// The extension module.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<PyConfig>()?;
+    m.add_class::<PyMeridian>()?;
+    m.add_class::<PyStepPlan>()?;
+    m.add_class::<PyFinishedRequest>()?;
+    m.add_function(wrap_pyfunction!(kernel_source, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,49 @@
+"""Meridian's exception hierarchy.
+
+Every error the Rust core raises maps, variant by variant, onto one of these classes
+(``crates/meridian-py/src/errors.rs``). Each also subclasses the builtin whose meaning fits, so
+callers can catch either ``meridian.errors.ConfigError`` or plain ``ValueError``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MeridianError",
+    "ConfigError",
+    "UnknownSloClassError",
+    "DuplicateRequestError",
+    "UnknownRequestError",
+    "InvalidArgumentError",
+    "UnsupportedVllmError",
+]
+
+
+class MeridianError(Exception):
+    """Base class of every error Meridian raises."""
+
+
+class ConfigError(MeridianError, ValueError):
+    """A key or value of the ``meridian`` configuration is wrong; the message names the key."""
+
+
+class UnknownSloClassError(MeridianError, ValueError):
+    """A request asked for an SLO class the configuration does not define."""
+
+
+class DuplicateRequestError(MeridianError, ValueError):
+    """A request id was added twice."""
+
+
+class UnknownRequestError(MeridianError, KeyError):
+    """A handle does not refer to a live request."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable.
+        return str(self.args[0]) if self.args else ""
+
+
+class InvalidArgumentError(MeridianError, ValueError):
+    """A per-request or per-step argument is out of range."""
+
+
+class UnsupportedVllmError(MeridianError, ImportError):
+    """The installed vLLM is outside the range this Meridian release supports."""

@@ -1,0 +1,119 @@
+"""A tiny reasoning-format model folder, made locally (no model hub is reachable here).
+
+``write_tiny_model(path)`` writes a Qwen3-architecture ``config.json`` (head size 32, which
+vLLM's CPU attention accepts) and a word-level tokenizer whose vocabulary has the reasoning
+markers ``<think>`` / ``</think>`` and a ``<tool_call>`` marker, plus a ChatML chat template that
+opens ``<think>`` for the assistant. That is enough for vLLM to build its configs, its
+``ReasoningConfig`` (``--reasoning-parser deepseek_r1``) and its scheduler offline. Invariant: the
+output depends only on the arguments, so two calls write byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: Special tokens, in id order from 0.
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<unk>",
+]
+#: Ordinary words: counting words for the reasoning and digits/letters for answers.
+WORDS = (
+    [str(i) for i in range(100)]
+    + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    + "think count down answer with tokens then stop user assistant system so next step done "
+    "ok the is a of and to in it that let me check again wait hmm right yes no because".split()
+)
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + ' ' + message['content'] + ' <|im_end|> ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant <think> ' }}{% endif %}"
+)
+
+
+def vocabulary() -> dict[str, int]:
+    """Token → id map of the tiny tokenizer (duplicates removed, first occurrence wins)."""
+    vocab: dict[str, int] = {}
+    for token in SPECIAL_TOKENS + WORDS:
+        vocab.setdefault(token, len(vocab))
+    return vocab
+
+
+def write_tiny_model(
+    path: str | Path,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    head_dim: int = 32,
+    max_position_embeddings: int = 4096,
+) -> Path:
+    """Writes ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
+    ``generation_config.json`` into ``path`` and returns it."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = vocabulary()
+    tokenizer = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.save(str(out / "tokenizer.json"))
+
+    eos_id = vocab["<|im_end|>"]
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": _round_up(len(vocab), 64),
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "bos_token_id": vocab["<|endoftext|>"],
+        "eos_token_id": eos_id,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+    }
+    _write_json(out / "config.json", config)
+    _write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "unk_token": "<unk>",
+            "model_max_length": max_position_embeddings,
+            "chat_template": CHAT_TEMPLATE,
+            "clean_up_tokenization_spaces": False,
+        },
+    )
+    _write_json(out / "generation_config.json", {"eos_token_id": eos_id, "bos_token_id": vocab["<|endoftext|>"]})
+    return out
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def _write_json(path: Path, payload: dict[str, object]) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,117 @@
+"""Translation between vLLM's objects and the plain values the core takes.
+
+Nothing here decides anything: it reads vLLM's configuration (reasoning markers, limits, the
+``meridian`` block of ``additional_config``) and requests (SLO class, finish status) and hands
+back plain Python values, or raises a Meridian error that names the bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.request import RequestStatus
+
+from meridian._core import Config
+from meridian.errors import ConfigError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+#: Key of Meridian's block in ``--additional-config``.
+CONFIG_KEY = "meridian"
+#: Per-request SLO class, in ``vllm_xargs`` / ``SamplingParams.extra_args``.
+CLASS_ARG = "meridian_class"
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stopped",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "aborted",
+    RequestStatus.FINISHED_IGNORED: "length",
+    RequestStatus.FINISHED_ERROR: "error",
+}
+
+
+@dataclass(frozen=True)
+class ReasoningMarkerIds:
+    """Token ids of the model's reasoning markers (empty ``end`` = the model does not reason)."""
+
+    start: list[int]
+    end: list[int]
+    tool_calls: list[list[int]]
+
+
+def config_from_vllm(vllm_config: VllmConfig) -> Config:
+    """Validates the ``meridian`` block of ``additional_config`` (absent = defaults)."""
+    additional = vllm_config.additional_config or {}
+    if not isinstance(additional, dict):
+        raise ConfigError(f"additional_config must be a JSON object, got {type(additional).__name__}")
+    block = additional.get(CONFIG_KEY, {})
+    if not isinstance(block, dict):
+        raise ConfigError(
+            f"invalid meridian config `meridian`: expected a JSON object, got {type(block).__name__}"
+        )
+    try:
+        text = json.dumps(block)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"invalid meridian config `meridian`: not JSON-serialisable ({exc})") from exc
+    return Config.from_json(text)
+
+
+def reasoning_markers(vllm_config: VllmConfig, config: Config) -> ReasoningMarkerIds:
+    """Reads the reasoning markers vLLM derived from ``--reasoning-parser`` (never hard-coded)."""
+    reasoning = vllm_config.reasoning_config
+    if reasoning is None or not reasoning.enabled:
+        return ReasoningMarkerIds(start=[], end=[], tool_calls=[])
+    start = list(reasoning.reasoning_start_token_ids or [])
+    end = list(reasoning.natural_reasoning_end_token_ids or [])
+    return ReasoningMarkerIds(start=start, end=end, tool_calls=_tool_call_ids(vllm_config, config))
+
+
+def _tool_call_ids(vllm_config: VllmConfig, config: Config) -> list[list[int]]:
+    """Resolves the configured tool-call marker strings to single special-token ids."""
+    markers = config.tool_call_markers
+    if not markers or vllm_config.model_config is None or vllm_config.model_config.skip_tokenizer_init:
+        return []
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    tokenizer = cached_tokenizer_from_config(model_config=vllm_config.model_config)
+    vocab = tokenizer.get_vocab()
+    resolved = []
+    for marker in markers:
+        token_id = vocab.get(marker)
+        if token_id is None:
+            # A marker that is not one token of this vocabulary would match ordinary text.
+            logger.debug("meridian: tool-call marker %r is not a token of this model; ignored", marker)
+            continue
+        resolved.append([int(token_id)])
+    return resolved
+
+
+def requested_class(request: Request) -> str | None:
+    """The ``meridian_class`` a request asked for, if any."""
+    extra: dict[str, Any] | None = request.sampling_params.extra_args if request.sampling_params else None
+    if not extra or CLASS_ARG not in extra:
+        return None
+    value = extra[CLASS_ARG]
+    if not isinstance(value, str):
+        raise InvalidArgumentError(
+            f"request `{request.request_id}`: {CLASS_ARG} must be a string naming an SLO class, "
+            f"got {value!r}"
+        )
+    return value
+
+
+def finish_reason(status: RequestStatus) -> str:
+    """The core's name for a vLLM finished status."""
+    return _FINISH_REASONS.get(status, "stopped")
+
+
+def prompt_token_ids(request: Request) -> list[int]:
+    """The prompt's token ids (empty for embeddings-only prompts)."""
+    return list(request.prompt_token_ids or [])

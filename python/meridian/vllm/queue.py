@@ -1,0 +1,80 @@
+"""The waiting queue Meridian installs in place of vLLM's.
+
+It holds vLLM ``Request`` objects in the order the core decided (preempted first, then by aged
+class rank and slack) and gates how many of them vLLM's waiting loop may pop in one step (the
+admission count under the answer KV reserve). Invariant: it contains exactly the requests vLLM put
+into it, each once; ``len()`` always counts all of them, while truthiness turns false once the
+step's admission allowance is spent, which is the only thing vLLM's waiting loop asks it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from vllm.v1.core.sched.request_queue import RequestQueue
+
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+
+class MeridianWaitingQueue(RequestQueue):
+    """A deque in Meridian's order, with a per-step pop allowance.
+
+    Front: the next request to admit. ``prepend_request`` (used by vLLM for preempted and skipped
+    requests) puts a request at the front; the next plan re-sorts anyway. Between plans the
+    allowance is unlimited, so vLLM's own code paths outside ``schedule()`` behave as with FCFS.
+    """
+
+    def __init__(self, requests: Iterable[Request] = ()) -> None:
+        self._items: deque[Request] = deque(requests)
+        self._allowance: int | None = None
+
+    def apply_plan(self, order: list[int], num_admissible: int) -> None:
+        """Reorders by ``order`` (a permutation of the current positions) and opens the gate."""
+        items = self._items
+        self._items = deque(items[i] for i in order)
+        self._allowance = num_admissible
+
+    def close_gate(self) -> None:
+        """Lifts the allowance after the step (vLLM code outside ``schedule()`` sees plain FCFS)."""
+        self._allowance = None
+
+    def add_request(self, request: Request) -> None:
+        self._items.append(request)
+
+    def pop_request(self) -> Request:
+        request = self._items.popleft()
+        if self._allowance is not None:
+            self._allowance -= 1
+        return request
+
+    def peek_request(self) -> Request:
+        if not self._items:
+            raise IndexError("peek from an empty queue")
+        return self._items[0]
+
+    def prepend_request(self, request: Request) -> None:
+        self._items.appendleft(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        # vLLM passes skipped requests in reverse pop order (its FCFS queue's extendleft reverses
+        # them back); extendleft here restores the original order the same way.
+        self._items.extendleft(requests)
+
+    def remove_request(self, request: Request) -> None:
+        self._items.remove(request)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        to_remove = set(requests)
+        self._items = deque(r for r in self._items if r not in to_remove)
+
+    def __bool__(self) -> bool:
+        return bool(self._items) and (self._allowance is None or self._allowance > 0)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._items)

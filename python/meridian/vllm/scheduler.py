@@ -1,0 +1,231 @@
+"""``MeridianScheduler``: vLLM's own ``AsyncScheduler``, steered by the Meridian core.
+
+Selected with ``--scheduler-cls meridian.vllm.MeridianScheduler``. Before each
+``super().schedule()`` it hands the core the handles of ``running`` and ``waiting`` and applies
+the plan: the order of ``running`` (budget goes to the front; under FCFS the victim is
+``running[-1]``), the order and admission gate of the waiting queue, and the step's token budget.
+After ``update_from_output`` it reports tokens, preemptions and step times. When a reasoning
+request finishes it evicts the blocks the core reports as never reusable before vLLM frees the
+rest. Everything vLLM does itself (chunked prefill, prefix caching, spec decode, structured
+output, KV connectors) keeps working. Invariant: every request vLLM holds is either tracked by the
+core (its handle stored on the request) or pending rejection; the shim decides nothing itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
+from vllm.v1.request import Request, RequestStatus
+
+from meridian._core import FinishedRequest, Meridian
+from meridian.errors import MeridianError
+from meridian.vllm import convert
+from meridian.vllm.queue import MeridianWaitingQueue
+
+if TYPE_CHECKING:
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import ModelRunnerOutput
+
+logger = logging.getLogger("meridian")
+
+#: Attribute holding the core handle on a vLLM ``Request`` (a plain class without slots).
+HANDLE_ATTR = "meridian_handle"
+#: Attribute holding the core's step id on a ``SchedulerOutput``.
+STEP_ATTR = "meridian_step_id"
+#: Finished-request reports kept for inspection (tests, the demo, operators' debugging).
+MAX_REPORTS = 10_000
+
+
+def _wall_clock_ms() -> float:
+    # vLLM stamps `Request.arrival_time` with time.time() in the frontend; the same clock keeps
+    # TTFT honest about frontend queueing.
+    return time.time() * 1000.0
+
+
+class MeridianScheduler(AsyncScheduler):
+    """vLLM's ``AsyncScheduler`` with Meridian's phase- and SLO-aware policy."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = convert.config_from_vllm(self.vllm_config)
+        markers = convert.reasoning_markers(self.vllm_config, config)
+        self.meridian_config = config
+        self.meridian = Meridian(
+            config,
+            block_size=self.block_size,
+            max_num_batched_tokens=self.max_num_scheduled_tokens,
+            max_num_seqs=self.max_num_running_reqs,
+            reasoning_start_ids=markers.start,
+            reasoning_end_ids=markers.end,
+            tool_call_ids=markers.tool_calls,
+        )
+        #: Clock in milliseconds; the replay and the tests install a virtual one.
+        self.clock_ms: Callable[[], float] = _wall_clock_ms
+        #: Reports of finished requests, newest last.
+        self.finished_reports: deque[FinishedRequest] = deque(maxlen=MAX_REPORTS)
+        #: KV blocks dropped from the prefix cache as never reusable.
+        self.num_reasoning_blocks_evicted = 0
+        self._rejected: list[tuple[Request, str]] = []
+        self._install_queues()
+        if not markers.end:
+            logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
+
+    # ---- vLLM interface -----------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            # A streaming-input continuation of a session the core already tracks.
+            super().add_request(request)
+            return
+        try:
+            slo_class = convert.requested_class(request)
+            handle = self.meridian.add_request(
+                request.request_id,
+                request.arrival_time * 1000.0,
+                convert.prompt_token_ids(request),
+                request.max_tokens,
+                slo_class,
+                request.priority,
+            )
+        except MeridianError as exc:
+            self._reject(request, str(exc))
+            return
+        setattr(request, HANDLE_ATTR, handle)
+        super().add_request(request)
+
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        plan = self.meridian.plan_step(
+            self.clock_ms(),
+            [getattr(r, HANDLE_ATTR) for r in self.running],
+            [getattr(r, HANDLE_ATTR) for r in self.waiting],
+            self.kv_cache_manager.block_pool.get_num_free_blocks(),
+        )
+        running = self.running
+        self.running = [running[i] for i in plan.running_order]
+        self.waiting.apply_plan(plan.waiting_order, plan.num_admissible)
+        self.max_num_scheduled_tokens = plan.token_budget
+        try:
+            output = super().schedule(throttle_prefills)
+        finally:
+            self.waiting.close_gate()
+        setattr(output, STEP_ATTR, plan.step_id)
+        if output.preempted_req_ids:
+            self._record_preemptions(output.preempted_req_ids)
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> dict[int, EngineCoreOutputs]:
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        now_ms = self.clock_ms()
+        step_id = getattr(scheduler_output, STEP_ATTR, None)
+        if step_id is not None:
+            self.meridian.on_step_output(now_ms, step_id, scheduler_output.total_num_scheduled_tokens)
+        self._record_tokens(now_ms, outputs.values())
+        self._emit_rejections(outputs)
+        return outputs
+
+    def has_requests(self) -> bool:
+        return bool(self._rejected) or super().has_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self._rejected) + super().get_num_unfinished_requests()
+
+    def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        # Every finish path (stop, length, abort, error) goes through here before vLLM returns
+        # the blocks to the pool: the last chance to drop never-reusable hashes first.
+        handle = getattr(request, HANDLE_ATTR, None)
+        if handle is not None:
+            delattr(request, HANDLE_ATTR)
+            self._finish_in_core(request, handle)
+        return super()._free_request(request, *args, **kwargs)
+
+    # ---- translation steps ----------------------------------------------------------------
+
+    def _install_queues(self) -> None:
+        # The core orders everything and its victim is running[-1]; vLLM's priority heap and
+        # priority victim rule would override both, so the engine runs FCFS underneath.
+        if self.policy != SchedulingPolicy.FCFS:
+            logger.info("meridian: vLLM priorities map onto SLO classes; running vLLM's queues as FCFS")
+        self.policy = SchedulingPolicy.FCFS
+        self.waiting = MeridianWaitingQueue(self.waiting)
+        holding = list(self.kv_holding_waiting)
+        self.kv_holding_waiting = MeridianWaitingQueue(holding)
+
+    def _record_preemptions(self, req_ids: Iterable[str]) -> None:
+        now_ms = self.clock_ms()
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            handle = getattr(request, HANDLE_ATTR, None) if request is not None else None
+            if handle is None:
+                continue
+            phase, alarm = self.meridian.on_preempted(now_ms, handle)
+            if alarm:
+                logger.warning(
+                    "meridian: answering request %s preempted while a thinking request ran", req_id
+                )
+
+    def _record_tokens(self, now_ms: float, batches: Iterable[EngineCoreOutputs]) -> None:
+        handles: list[int] = []
+        counts: list[int] = []
+        flat: list[int] = []
+        for batch in batches:
+            for out in batch.outputs:
+                request = self.requests.get(out.request_id)
+                handle = getattr(request, HANDLE_ATTR, None) if request is not None else None
+                if handle is None or not out.new_token_ids:
+                    continue  # finished (already reported in _free_request) or nothing new
+                handles.append(handle)
+                counts.append(len(out.new_token_ids))
+                flat.extend(out.new_token_ids)
+        if handles:
+            self.meridian.on_tokens_batch(now_ms, handles, counts, flat)
+
+    def _finish_in_core(self, request: Request, handle: int) -> None:
+        now_ms = self.clock_ms()
+        # The request's last tokens were appended inside super().update_from_output(), before
+        # _record_tokens runs: feed the core what it has not seen yet.
+        unseen = self._unseen_tokens(request, handle)
+        if unseen:
+            self.meridian.on_tokens_batch(now_ms, [handle], [len(unseen)], unseen)
+        report = self.meridian.finish(now_ms, handle, convert.finish_reason(request.status))
+        self.finished_reports.append(report)
+        if report.never_reusable_from_token is not None:
+            self._evict_never_reusable(request, report.never_reusable_from_token)
+
+    def _unseen_tokens(self, request: Request, handle: int) -> list[int]:
+        num_seen = self.meridian.num_output_tokens(handle)
+        return list(request.output_token_ids[num_seen:])
+
+    def _evict_never_reusable(self, request: Request, from_token: int) -> None:
+        first_block = from_token // self.block_size
+        block_ids: set[int] = set()
+        for group in self.kv_cache_manager.get_block_ids(request.request_id):
+            block_ids.update(group[first_block:])
+        if block_ids:
+            # Dropping the hashes now makes the block pool put these blocks at the front of the
+            # free queue when they are freed: reused before any ordinary prefix-cache block.
+            self.kv_cache_manager.evict_blocks(block_ids)
+            self.num_reasoning_blocks_evicted += len(block_ids)
+
+    def _reject(self, request: Request, message: str) -> None:
+        logger.warning("meridian: rejecting request %s: %s", request.request_id, message)
+        request.status = RequestStatus.FINISHED_ERROR
+        self._rejected.append((request, message))
+
+    def _emit_rejections(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        rejected, self._rejected = self._rejected, []
+        for request, _message in rejected:
+            error = EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR)
+            batch = outputs.get(request.client_index)
+            if batch is None:
+                outputs[request.client_index] = EngineCoreOutputs(outputs=[error])
+            else:
+                batch.outputs.append(error)

