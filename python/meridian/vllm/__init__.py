@@ -6,7 +6,7 @@ unsupported version fails at start-up with a message that names both versions.
 
 from __future__ import annotations
 
-from meridian.vllm._version_check import SUPPORTED_VLLM, check_vllm_version
+from meridian._vllm_version import SUPPORTED_VLLM, check_vllm_version
 
 check_vllm_version()
 

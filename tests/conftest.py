@@ -1,0 +1,45 @@
+"""Shared fixtures: an offline vLLM environment under the repo's .cache/, the tiny model folder,
+and markers: ``vllm`` tests skip cleanly where vLLM is not importable, ``gpu`` tests where no
+CUDA device is present (CI never has one)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from meridian.testing.harness import offline_environment, tiny_model_dir
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE_DIR = REPO / ".cache"
+
+offline_environment(CACHE_DIR)
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # torch missing or broken: no GPU either way
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    have_vllm = importlib.util.find_spec("vllm") is not None
+    for item in items:
+        if "vllm" in item.keywords and not have_vllm:
+            item.add_marker(pytest.mark.skip(reason="vLLM is not installed"))
+        if "gpu" in item.keywords and not _has_cuda():
+            item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    return CACHE_DIR
+
+
+@pytest.fixture(scope="session")
+def tiny_model(cache_dir: Path) -> Path:
+    return tiny_model_dir(cache_dir)
