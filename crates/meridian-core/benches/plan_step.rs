@@ -67,16 +67,15 @@ fn bench_plan_step(c: &mut Criterion) {
 /// Worst case: lists in an order unrelated to the policy's (first step after a burst of arrivals).
 fn bench_plan_step_shuffled(c: &mut Criterion) {
     let mut group = c.benchmark_group("plan_step_shuffled");
-    for n in [1024usize] {
-        let (mut core, running, waiting) = populated(n);
-        let now_ms = n as f64 * 3.0 + 500.0;
-        group.throughput(Throughput::Elements(n as u64));
-        group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| {
-                black_box(core.plan_step(now_ms, black_box(&running), black_box(&waiting), 10_000).unwrap())
-            })
-        });
-    }
+    let n = 1024usize;
+    let (mut core, running, waiting) = populated(n);
+    let now_ms = n as f64 * 3.0 + 500.0;
+    group.throughput(Throughput::Elements(n as u64));
+    group.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
+        b.iter(|| {
+            black_box(core.plan_step(now_ms, black_box(&running), black_box(&waiting), 10_000).unwrap())
+        })
+    });
     group.finish();
 }
 

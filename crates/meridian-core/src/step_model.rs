@@ -89,7 +89,7 @@ impl StepTimeModel {
 
     /// Folds one observed step in (recursive least squares with forgetting).
     pub fn observe(&mut self, sample: StepSample) {
-        if !self.online_fit || !(sample.duration_ms.is_finite() && sample.duration_ms >= 0.0) {
+        if !(self.online_fit && sample.duration_ms.is_finite() && sample.duration_ms >= 0.0) {
             return;
         }
         let x = [

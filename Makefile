@@ -1,0 +1,48 @@
+# Meridian developer targets. `make help` lists them.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export OMP_NUM_THREADS ?= 1
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help:  ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: setup
+setup:  ## Create .venv with vLLM's CPU build and install Meridian's wheel into it
+	bash scripts/setup.sh
+
+.PHONY: demo
+demo: setup  ## Set everything up, then run the main job (stock vLLM vs Meridian side by side)
+	$(VENV)/bin/meridian demo
+
+.PHONY: lint
+lint:  ## rustfmt, clippy (warnings are errors)
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+.PHONY: test-rust
+test-rust:  ## Rust unit, property and doc tests; check that the benches build
+	cargo test --workspace --exclude meridian-py
+	cargo bench -p meridian-core --no-run
+
+.PHONY: test-py
+test-py:  ## pytest: bindings, stubs, the shim against real vLLM classes, hypothesis invariants
+	$(PY) -m pytest -q -p no:cacheprovider
+
+.PHONY: test
+test: setup lint test-rust test-py  ## Set everything up and run every test
+
+.PHONY: bench
+bench: setup  ## Decision time (criterion) and the shim's per-step overhead against stock vLLM
+	cargo bench -p meridian-core --bench plan_step
+	$(PY) bench/shim_overhead.py
+
+.PHONY: wheel
+wheel:  ## Build the abi3 wheel into build/wheels
+	$(VENV)/bin/maturin build --release --out build/wheels
+
+.PHONY: clean
+clean:  ## Remove build outputs (keeps .venv and caches)
+	rm -rf build target
