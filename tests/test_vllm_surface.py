@@ -1,0 +1,65 @@
+"""The private vLLM surface the shim relies on, checked against the installed vLLM.
+
+vLLM's scheduler interface is not public. These checks pin down each assumption the shim makes
+(read from the 0.32.0 and 0.33.0 sources), so a vLLM upgrade that breaks one fails here, by name,
+instead of silently changing behaviour.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+
+
+def source(obj: object) -> str:
+    return inspect.getsource(obj)  # type: ignore[arg-type]
+
+
+def test_schedule_reads_the_levers_meridian_sets() -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    body = source(Scheduler.schedule)
+    # The per-step budget is read from this attribute at the start of every step.
+    assert "token_budget = self.max_num_scheduled_tokens" in body
+    # Under FCFS the preemption victim is the last running request.
+    assert "self.running[-1]" in body
+    # The waiting loop only asks the queue for truthiness, peek and pop.
+    assert "request_queue = self.waiting" in body
+    assert "if not request_queue" in body
+    assert "request_queue.peek_request()" in body
+
+
+def test_preemption_and_free_hooks_exist() -> None:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    assert "preempted_req_ids" in SchedulerOutput.__dataclass_fields__
+    params = inspect.signature(Scheduler._free_request).parameters
+    assert list(params)[:2] == ["self", "request"]
+    assert "self._free_blocks(request)" in source(Scheduler._free_request)
+    assert "evict_blocks" in dir(KVCacheManager) and "get_block_ids" in dir(KVCacheManager)
+    # Blocks without a hash go to the front of the free queue: what makes dropping hashes evict first.
+    from vllm.v1.core.block_pool import BlockPool
+
+    free_blocks = source(BlockPool.free_blocks)
+    assert "prepend_n(blocks_to_evict_first)" in free_blocks
+
+
+def test_reasoning_config_exposes_marker_ids() -> None:
+    from vllm.config import ReasoningConfig
+
+    for name in ("enabled", "reasoning_start_token_ids", "natural_reasoning_end_token_ids"):
+        assert isinstance(getattr(ReasoningConfig, name), property), name
+
+
+def test_request_queue_interface_is_what_the_waiting_queue_implements() -> None:
+    from vllm.v1.core.sched.request_queue import RequestQueue
+
+    from meridian.vllm.queue import MeridianWaitingQueue
+
+    abstract = set(RequestQueue.__abstractmethods__)
+    assert abstract <= set(vars(MeridianWaitingQueue)), abstract - set(vars(MeridianWaitingQueue))
