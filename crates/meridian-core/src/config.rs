@@ -78,6 +78,7 @@ struct RawConfig {
     min_token_budget: Option<u32>,
     step_time: Option<StepTimeProfile>,
     answer_kv_reserve: Option<bool>,
+    think_kv_reserve: Option<f64>,
     aging_ms: Option<f64>,
     starvation_ms: Option<f64>,
     evict_reasoning_blocks: Option<ReasoningBlockRule>,
@@ -107,6 +108,9 @@ pub struct Config {
     pub step_time: StepTimeProfile,
     /// Hold back KV blocks for running answering requests when admitting new ones.
     pub answer_kv_reserve: bool,
+    /// Fraction of running thinking requests' expected remaining growth (rest of the thinking plus
+    /// a mean answer) held back from admission, in [0, 1].
+    pub think_kv_reserve: f64,
     /// Waiting time after which a waiting request moves up one class rank.
     pub aging_ms: f64,
     /// Waiting time after which a waiting request goes ahead of every new request.
@@ -210,6 +214,7 @@ impl Config {
             min_token_budget: positive_u32("min_token_budget", raw.min_token_budget.unwrap_or(16))?,
             step_time,
             answer_kv_reserve: raw.answer_kv_reserve.unwrap_or(true),
+            think_kv_reserve: fraction("think_kv_reserve", raw.think_kv_reserve.unwrap_or(0.0))?,
             aging_ms: positive("aging_ms", raw.aging_ms.unwrap_or(10_000.0))?,
             starvation_ms: positive("starvation_ms", raw.starvation_ms.unwrap_or(60_000.0))?,
             evict_reasoning_blocks: raw.evict_reasoning_blocks.unwrap_or(ReasoningBlockRule::UnlessToolCall),
@@ -328,6 +333,14 @@ fn in_unit_interval(key: &str, v: f64) -> Result<f64> {
         Ok(v)
     } else {
         Err(Error::config(key, format!("{v} is not in (0, 1]")))
+    }
+}
+
+fn fraction(key: &str, v: f64) -> Result<f64> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(Error::config(key, format!("{v} is not in [0, 1]")))
     }
 }
 

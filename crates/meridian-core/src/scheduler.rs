@@ -669,16 +669,25 @@ impl Meridian {
             load.num_context_tokens += num_tokens;
             let tpot_ms = self.config.classes[r.class.index()].targets.answer_tpot_ms;
             load.any_tpot_ms = load.any_tpot_ms.min(tpot_ms);
+            let left_by_limit = u64::from(r.max_tokens.saturating_sub(r.num_output_tokens));
             if r.phase != Phase::Answer {
+                let fraction = self.config.think_kv_reserve;
+                if fraction > 0.0 {
+                    // Thinking requests will need room for the rest of their thinking and their
+                    // whole answer; hold back a fraction of it so admissions do not push them out.
+                    let expected =
+                        self.think_len.expected_remaining(r.num_think_tokens) + self.answer_len.mean();
+                    let growth = ((expected * fraction).ceil() as u64).min(left_by_limit);
+                    reserve += (num_tokens + growth).div_ceil(block_size) - num_tokens.div_ceil(block_size);
+                }
                 continue;
             }
             load.num_answering += 1;
             load.answer_tpot_ms = load.answer_tpot_ms.min(tpot_ms);
             if self.config.answer_kv_reserve {
                 // Blocks this answer is expected to need before it finishes.
-                let left_by_limit = r.max_tokens.saturating_sub(r.num_output_tokens);
                 let expected = self.answer_len.expected_remaining(r.num_answer_tokens).ceil() as u64;
-                let growth = expected.min(u64::from(left_by_limit));
+                let growth = expected.min(left_by_limit);
                 reserve += (num_tokens + growth).div_ceil(block_size) - num_tokens.div_ceil(block_size);
             }
         }

@@ -127,6 +127,26 @@ fn admission_keeps_a_reserve_for_answering_requests() {
 }
 
 #[test]
+fn think_reserve_holds_back_room_for_thinking_requests() {
+    let plan_for = |fraction: f64| {
+        let mut core =
+            engine_with(Config::from_json(&format!(r#"{{"think_kv_reserve": {fraction}}}"#)).unwrap());
+        let thinking = add(&mut core, "t", 0.0, 16);
+        think(&mut core, 1.0, thinking, 10);
+        let w = add(&mut core, "w", 2.0, 16);
+        core.plan_step(3.0, &[thinking], &[w], 10_000).unwrap()
+    };
+    assert_eq!(plan_for(0.0).num_reserved_blocks, 0);
+    let half = plan_for(0.5).num_reserved_blocks;
+    let full = plan_for(1.0).num_reserved_blocks;
+    assert!(half > 0 && full > half, "{half} {full}");
+    assert!(Config::from_json(r#"{"think_kv_reserve": 1.5}"#)
+        .unwrap_err()
+        .to_string()
+        .contains("think_kv_reserve"));
+}
+
+#[test]
 fn an_idle_engine_always_lets_the_head_try() {
     let mut core = engine();
     let huge = add(&mut core, "huge", 0.0, 10_000);
