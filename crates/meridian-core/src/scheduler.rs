@@ -586,6 +586,7 @@ impl Meridian {
     /// Answer queue by next-token deadline; then thinking/prefill by slack while the TTFAT
     /// deadline is still reachable; then best effort, most sunk work first, so the last entry
     /// (the victim) is the cheapest to recompute among requests that have already missed.
+    #[inline]
     fn running_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
         let r = self.hot(handle);
         let targets = self.targets(r.class);
@@ -601,6 +602,7 @@ impl Meridian {
         }
     }
 
+    #[inline]
     fn next_answer_deadline_ms(&self, r: &Hot, targets: &SloTargets) -> f64 {
         let last_ms = r.last_token_ms;
         let next_ms = last_ms + targets.answer_tpot_ms;
@@ -614,6 +616,7 @@ impl Meridian {
     /// Time to spare before the request's next milestone, given the expected remaining work:
     /// the TTFAT deadline after the expected remaining thinking, and the TTFT deadline for a
     /// request that has not produced a token yet.
+    #[inline]
     fn think_slack_ms(&self, now_ms: f64, r: &Hot, targets: &SloTargets, step_ms: f64) -> f64 {
         let expected_think_tokens =
             if r.is_reasoning { self.think_len.expected_remaining(r.num_think_tokens) } else { 0.0 };
@@ -630,6 +633,7 @@ impl Meridian {
     /// Preempted requests first (in running order), then requests waiting past the starvation
     /// bound (oldest first), then by aged class rank and slack, then those that can no longer
     /// meet their targets (aged class rank, oldest first).
+    #[inline]
     fn waiting_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
         let r = self.hot(handle);
         if r.preempted {
@@ -838,6 +842,7 @@ impl Meridian {
 
     /// The hot copy of a live request's scheduling state; only for handles already validated by
     /// [`Self::check_distinct`] in this call.
+    #[inline]
     fn hot(&self, handle: ReqHandle) -> &Hot {
         &self.hot[handle.slot()]
     }

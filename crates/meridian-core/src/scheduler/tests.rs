@@ -424,3 +424,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn replanning_an_unchanged_state_keeps_the_order() {
+    let mut core = engine();
+    let mut running = Vec::new();
+    let mut waiting = Vec::new();
+    for i in 0..300u32 {
+        let class = ["interactive", "standard", "batch"][i as usize % 3];
+        let h = add_class(&mut core, &format!("r{i}"), f64::from(i), 16 + (i as usize * 7) % 200, Some(class));
+        if i % 2 == 0 {
+            think(&mut core, f64::from(i) + 1.0, h, 1 + (i as usize * 13) % 300);
+            if i % 3 == 0 {
+                core.on_tokens(f64::from(i) + 2.0, h, &[END, WORD]).unwrap();
+            }
+            running.push(h);
+        } else {
+            waiting.push(h);
+        }
+    }
+    let plan = core.plan_step(500.0, &running, &waiting, 10_000).unwrap();
+    let running: Vec<_> = plan.running_order.iter().map(|&i| running[i as usize]).collect();
+    let waiting: Vec<_> = plan.waiting_order.iter().map(|&i| waiting[i as usize]).collect();
+    let again = core.plan_step(500.0, &running, &waiting, 10_000).unwrap();
+    assert!(again.running_order.iter().enumerate().all(|(i, &j)| i as u32 == j), "running order flapped");
+    assert!(again.waiting_order.iter().enumerate().all(|(i, &j)| i as u32 == j), "waiting order flapped");
+}
