@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -75,6 +76,8 @@ def _check_config(text: str) -> int:
 
 
 def _demo(seeds: list[int], cache_dir: Path, json_path: Path | None) -> int:
+    # vLLM's start-up notes (Triton, CPU block size) would interleave with the progress lines.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from meridian.scripted import Scenario, run_scenario, summarize
 
     scenario = Scenario()
@@ -110,12 +113,13 @@ def _table(results: dict[str, list[dict[str, float]]], seeds: list[int]) -> str:
             return "-"
         return f"{v:.0f}" if float(v).is_integer() else f"{v:.2f}"
 
-    width = max(len(label) for _, label, _ in DEMO_ROWS) + 2
-    header = f"{'metric (per seed: ' + ' / '.join(map(str, seeds)) + ')':<{width}}{'stock vLLM':>22}{'Meridian':>22}"
+    title = "metric (per seed: " + " / ".join(map(str, seeds)) + ")"
+    rows = [(label, [" / ".join(fmt(m[key]) for m in results[p]) for p in ("vllm", "meridian")]) for key, label, _ in DEMO_ROWS]
+    width = max(len(title), *(len(label) for label, _ in rows)) + 2
+    cell = max(len("stock vLLM"), *(len(c) for _, cells in rows for c in cells)) + 3
+    header = f"{title:<{width}}{'stock vLLM':>{cell}}{'Meridian':>{cell}}"
     lines = [header, "-" * len(header)]
-    for key, label, _lower in DEMO_ROWS:
-        cells = [" / ".join(fmt(m[key]) for m in results[p]) for p in ("vllm", "meridian")]
-        lines.append(f"{label:<{width}}{cells[0]:>22}{cells[1]:>22}")
+    lines.extend(f"{label:<{width}}{cells[0]:>{cell}}{cells[1]:>{cell}}" for label, cells in rows)
     return "\n".join(lines)
 
 

@@ -50,7 +50,7 @@ class Scenario:
     think_tokens: tuple[int, int] = (20, 160)
     answer_tokens: tuple[int, int] = (10, 60)
     kv_cache_tokens: int = 768
-    block_size: int = 16
+    block_size: int = 32  # vLLM's CPU attention wants multiples of 32; the live demo uses the same
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 256
 
