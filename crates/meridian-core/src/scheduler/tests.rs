@@ -432,7 +432,8 @@ fn replanning_an_unchanged_state_keeps_the_order() {
     let mut waiting = Vec::new();
     for i in 0..300u32 {
         let class = ["interactive", "standard", "batch"][i as usize % 3];
-        let h = add_class(&mut core, &format!("r{i}"), f64::from(i), 16 + (i as usize * 7) % 200, Some(class));
+        let h =
+            add_class(&mut core, &format!("r{i}"), f64::from(i), 16 + (i as usize * 7) % 200, Some(class));
         if i % 2 == 0 {
             think(&mut core, f64::from(i) + 1.0, h, 1 + (i as usize * 13) % 300);
             if i % 3 == 0 {
