@@ -266,6 +266,10 @@ class ScriptedEngine:
             self._apply(output, sampled)
 
     def _schedule(self) -> Any:
+        # The observer "plans" the same running set only so that its preemption bookkeeping
+        # (which phases were still running when a request lost its KV) applies to any scheduler.
+        running = [self._handles[r.request_id] for r in self.scheduler.running if r.request_id in self._handles]
+        self.observer.plan_step(self.now_ms, running, [], 0)
         output = self.scheduler.schedule()
         self._scheduled.append(output.total_num_scheduled_tokens)
         self._budgets.append(self.scheduler.max_num_scheduled_tokens)
@@ -334,15 +338,9 @@ class ScriptedEngine:
 
     def _observe_preemption(self, req_id: str) -> None:
         handle = self._handles.get(req_id)
-        if handle is None:
-            return
-        phase, _ = self.observer.on_preempted(self.now_ms, handle)
-        if phase == "answer" and any(
-            self.observer.phase(self._handles[r.request_id]) in ("prefill", "think")
-            for r in self.scheduler.running
-            if r.request_id in self._handles
-        ):
-            self._alarms += 1
+        if handle is not None:
+            _phase, alarm = self.observer.on_preempted(self.now_ms, handle)
+            self._alarms += alarm
 
     def _observe_output(self, out: Any) -> None:
         handle = self._handles.get(out.request_id)
