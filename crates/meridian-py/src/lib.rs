@@ -282,9 +282,7 @@ impl PyMeridian {
         d.set_item("num_steps", s.num_steps)?;
         d.set_item("num_added", s.num_added)?;
         d.set_item("num_finished", s.num_finished)?;
-        d.set_item("num_preemptions_prefill", s.num_preemptions.prefill)?;
-        d.set_item("num_preemptions_think", s.num_preemptions.think)?;
-        d.set_item("num_preemptions_answer", s.num_preemptions.answer)?;
+        set_preemptions(&d, &s.num_preemptions)?;
         d.set_item("num_answer_preemption_alarms", s.num_answer_preemption_alarms)?;
         d.set_item("num_reasoning_evictions", s.num_reasoning_evictions)?;
         d.set_item("num_step_samples", s.num_step_samples)?;
@@ -304,9 +302,7 @@ impl PyMeridian {
             d.set_item("num_met_e2e", c.num_met_e2e)?;
             d.set_item("num_met_all", c.num_met_all)?;
             d.set_item("num_stalls", c.num_stalls)?;
-            d.set_item("num_preemptions_prefill", c.num_preemptions.prefill)?;
-            d.set_item("num_preemptions_think", c.num_preemptions.think)?;
-            d.set_item("num_preemptions_answer", c.num_preemptions.answer)?;
+            set_preemptions(&d, &c.num_preemptions)?;
             out.set_item(&class.name, d)?;
         }
         Ok(out)
@@ -316,6 +312,12 @@ impl PyMeridian {
     fn step_time_coefficients(&self) -> (f64, f64, f64) {
         self.inner.step_time_coefficients()
     }
+}
+
+fn set_preemptions(d: &Bound<'_, PyDict>, p: &core::PhaseCountsU64) -> PyResult<()> {
+    d.set_item("num_preemptions_prefill", p.prefill)?;
+    d.set_item("num_preemptions_think", p.think)?;
+    d.set_item("num_preemptions_answer", p.answer)
 }
 
 fn handles(raw: Vec<u64>) -> Vec<core::ReqHandle> {
