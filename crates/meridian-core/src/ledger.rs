@@ -82,12 +82,6 @@ impl PhaseCounts {
     pub fn total(&self) -> u32 {
         self.prefill + self.think + self.answer
     }
-
-    fn add(&mut self, other: &PhaseCounts) {
-        self.prefill += other.prefill;
-        self.think += other.think;
-        self.answer += other.answer;
-    }
 }
 
 impl RequestLedger {
@@ -240,8 +234,7 @@ pub struct PhaseCountsU64 {
 impl ClassCounters {
     /// Folds one finished request in.
     pub fn record(&mut self, ledger: &RequestLedger, reason: FinishReason, targets: &SloTargets) {
-        let mut preemptions = PhaseCounts::default();
-        preemptions.add(&ledger.num_preemptions);
+        let preemptions = ledger.num_preemptions;
         self.num_preemptions.prefill += u64::from(preemptions.prefill);
         self.num_preemptions.think += u64::from(preemptions.think);
         self.num_preemptions.answer += u64::from(preemptions.answer);
