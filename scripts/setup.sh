@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${MERIDIAN_VENV:-.venv}
 PY="$VENV/bin/python"
-STAMP="$VENV/.meridian-deps-v1"
+STAMP="$VENV/.meridian-deps-v2"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 

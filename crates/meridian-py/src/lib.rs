@@ -12,7 +12,10 @@ use errors::to_py;
 
 /// CUDA kernel sources embedded at build time (DESIGN §1): the wheel carries them inside the
 /// extension, so the loader never depends on package-data paths.
-const KERNEL_SOURCES: &[(&str, &str)] = &[];
+const KERNEL_SOURCES: &[(&str, &str)] = &[
+    ("logits_stats.cu", include_str!("../../../cuda/logits_stats.cu")),
+    ("signals.cu", include_str!("../../../cuda/signals.cu")),
+];
 
 /// Returns the source of a bundled CUDA kernel file by name.
 #[pyfunction]

@@ -1,0 +1,177 @@
+"""Launch the CUDA kernels on torch tensors through CuPy.
+
+The sources come from the extension (``meridian._core.kernel_source``), are compiled once per
+device by CuPy's ``RawModule`` (NVRTC) and cached. Launches go on the torch stream the caller
+names (default: torch's current stream) through ``cupy.cuda.ExternalStream``; every buffer is a
+torch tensor handed to CuPy zero-copy over DLPack, so CuPy's own memory pool never allocates and
+vLLM's memory budget stays whole. Invariant: nothing here synchronises the device.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from meridian._core import kernel_source
+from meridian.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import torch
+
+LOGITS_STATS_THREADS = 1024
+MAX_TARGETS = 8
+SIGNAL_THREADS = 128
+NVRTC_OPTIONS = ("-std=c++17",)
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str, device_id: int) -> Any:
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        module = cupy.RawModule(code=kernel_source(name), options=NVRTC_OPTIONS, backend="nvrtc")
+        module.compile()
+    return module
+
+
+def _function(name: str, entry: str, device_id: int) -> Any:
+    return _module(name, device_id).get_function(entry)
+
+
+def _cupy(t: torch.Tensor) -> Any:
+    import cupy
+
+    return cupy.from_dlpack(t.detach())
+
+
+@dataclass
+class DeviceLogitsStats:
+    """Kernel outputs on the device: ``lse``, ``entropy`` [rows] float32; ``target_prob`` [rows,
+    targets] float32; ``target_rank`` [rows, targets] int32."""
+
+    lse: torch.Tensor
+    entropy: torch.Tensor
+    target_prob: torch.Tensor
+    target_rank: torch.Tensor
+
+    @classmethod
+    def empty(cls, num_rows: int, num_targets: int, device: torch.device) -> DeviceLogitsStats:
+        import torch
+
+        f32 = {"dtype": torch.float32, "device": device}
+        return cls(
+            lse=torch.empty(num_rows, **f32),
+            entropy=torch.empty(num_rows, **f32),
+            target_prob=torch.empty(num_rows, num_targets, **f32),
+            target_rank=torch.empty(num_rows, num_targets, dtype=torch.int32, device=device),
+        )
+
+
+def logits_stats(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    *,
+    out: DeviceLogitsStats | None = None,
+    stream: torch.cuda.Stream | None = None,
+) -> DeviceLogitsStats:
+    """Launches the one-pass statistics kernel over the rows of ``logits`` ([rows, vocab], float32
+    or bfloat16, unit stride along the vocabulary) for ``target_ids`` (int32, at most 8)."""
+    import cupy
+    import numpy as np
+    import torch
+
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise InvalidArgumentError(f"logits must be 2-D with unit stride along the vocabulary, got {tuple(logits.shape)}")
+    if logits.dtype not in (torch.float32, torch.bfloat16):
+        raise InvalidArgumentError(f"logits must be float32 or bfloat16, got {logits.dtype}")
+    if target_ids.dtype != torch.int32 or target_ids.dim() != 1 or target_ids.numel() > MAX_TARGETS:
+        raise InvalidArgumentError(f"target_ids must be a 1-D int32 tensor of at most {MAX_TARGETS} ids")
+    rows, vocab = logits.shape
+    num_targets = target_ids.numel()
+    out = out or DeviceLogitsStats.empty(rows, num_targets, logits.device)
+    vector = 4 if logits.dtype == torch.float32 else 8
+    aligned = logits.stride(0) % vector == 0 and logits.data_ptr() % 16 == 0
+    suffix = "f32" if logits.dtype == torch.float32 else "bf16"
+    entry = f"logits_stats_{suffix}" + ("" if aligned else "_scalar")
+    device_id = logits.device.index or 0
+    kernel = _function("logits_stats.cu", entry, device_id)
+    torch_stream = stream or torch.cuda.current_stream(logits.device)
+    source = logits if logits.dtype == torch.float32 else logits.view(torch.int16)
+    if rows == 0:
+        return out
+    with cupy.cuda.Device(device_id), cupy.cuda.ExternalStream(torch_stream.cuda_stream, device_id):
+        kernel(
+            (rows,),
+            (LOGITS_STATS_THREADS,),
+            (
+                _cupy(source),
+                np.int64(logits.stride(0)),
+                np.int32(vocab),
+                _cupy(target_ids),
+                np.int32(num_targets),
+                _cupy(out.lse),
+                _cupy(out.entropy),
+                _cupy(out.target_prob),
+                _cupy(out.target_rank),
+            ),
+        )
+    return out
+
+
+@dataclass
+class DeviceSignalState:
+    """Per-slot signal state on the device (see ``cuda/signals.cu``)."""
+
+    eat_mean: torch.Tensor
+    eat_var: torch.Tensor
+    eat_count: torch.Tensor
+    rpdi_num_tokens: torch.Tensor
+    rpdi_num_high: torch.Tensor
+    rpdi_local_rate: torch.Tensor
+
+    @classmethod
+    def zeros(cls, num_slots: int, device: torch.device) -> DeviceSignalState:
+        import torch
+
+        f = {"dtype": torch.float32, "device": device}
+        i = {"dtype": torch.int32, "device": device}
+        return cls(torch.zeros(num_slots, **f), torch.zeros(num_slots, **f), torch.zeros(num_slots, **i),
+                   torch.zeros(num_slots, **i), torch.zeros(num_slots, **i), torch.zeros(num_slots, **f))
+
+
+def update_signals(
+    state: DeviceSignalState,
+    entropy: torch.Tensor,
+    row_is_probe: torch.Tensor,
+    slot_ids: torch.Tensor,
+    row_offsets: torch.Tensor,
+    *,
+    eat_alpha: float,
+    high_entropy_nats: float,
+    rpdi_alpha: float,
+    stream: torch.cuda.Stream | None = None,
+) -> None:
+    """Launches the per-slot signal update (one thread per active slot)."""
+    import cupy
+    import numpy as np
+    import torch
+
+    num_active = slot_ids.numel()
+    if num_active == 0:
+        return
+    device_id = entropy.device.index or 0
+    kernel = _function("signals.cu", "update_signals", device_id)
+    torch_stream = stream or torch.cuda.current_stream(entropy.device)
+    blocks = (num_active + SIGNAL_THREADS - 1) // SIGNAL_THREADS
+    with cupy.cuda.Device(device_id), cupy.cuda.ExternalStream(torch_stream.cuda_stream, device_id):
+        kernel(
+            (blocks,),
+            (SIGNAL_THREADS,),
+            (
+                _cupy(entropy), _cupy(row_is_probe), _cupy(slot_ids), _cupy(row_offsets), np.int32(num_active),
+                np.float32(eat_alpha), np.float32(high_entropy_nats), np.float32(rpdi_alpha),
+                _cupy(state.eat_mean), _cupy(state.eat_var), _cupy(state.eat_count),
+                _cupy(state.rpdi_num_tokens), _cupy(state.rpdi_num_high), _cupy(state.rpdi_local_rate),
+            ),
+        )
