@@ -35,26 +35,41 @@ def record(name: str, value: str, note: str = "") -> None:
     print(f"{name:<44} {value:>16}  {note}", flush=True)
 
 
-def time_ms(fn, *, warmup: int = 3, iters: int = 30) -> float:
+def time_ms(fn, *, warmup: int = 3, iters: int = 30, sleep_cycles: int = 100_000_000) -> float:
+    """Mean device time of ``fn`` over ``iters`` back-to-back calls. A spin kernel first keeps the
+    GPU busy (~50 ms) while the host enqueues every call, so host launch cost stays out of the
+    number and the launches run back to back."""
     for _ in range(warmup):
         fn(0)
     torch.cuda.synchronize()
-    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(sleep_cycles)
+    start.record()
     for i in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         fn(i)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def host_launch_us(fn, iters: int = 200) -> float:
+    """Host time per call of ``fn`` (the launch path's Python and driver cost)."""
+    fn(0)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)
+    t0 = time.perf_counter()
+    for i in range(iters):
+        fn(i)
+    host = (time.perf_counter() - t0) / iters * 1e6
+    torch.cuda.synchronize()
+    return host
 
 
 def copy_ceiling_gbs() -> float:
     n = 1 << 29  # 2 GiB of fp32
     a = torch.randn(n, device=DEV)
     b = torch.empty_like(a)
-    t = time_ms(lambda i: b.copy_(a), iters=20)
+    t = time_ms(lambda i: b.copy_(a), iters=20, sleep_cycles=10_000_000)
     del a, b
     return 2 * n * 4 / (t * 1e-3) / 1e9
 
@@ -74,10 +89,10 @@ def random_logits(rows: int, vocab: int, dtype: torch.dtype, *, stride: int | No
     return x
 
 
-def check_logits_stats(rows: int, vocab: int, dtype: torch.dtype, **kw: object) -> None:
+def check_logits_stats(rows: int, vocab: int, dtype: torch.dtype, num_targets: int = 2, **kw: object) -> None:
     x = random_logits(rows, vocab, dtype, **kw)  # type: ignore[arg-type]
-    targets = torch.randint(0, vocab, (2,), device=DEV, dtype=torch.int32)
-    out = DeviceLogitsStats.empty(rows, 2, DEV)
+    targets = torch.randint(0, vocab, (num_targets,), device=DEV, dtype=torch.int32)
+    out = DeviceLogitsStats.empty(rows, num_targets, DEV)
     for t in (out.lse, out.entropy, out.target_prob):
         t.fill_(float("nan"))
     out.target_rank.fill_(-7)
@@ -96,7 +111,7 @@ def check_logits_stats(rows: int, vocab: int, dtype: torch.dtype, **kw: object) 
     err_p = rel(got_p, ref.target_prob)
     ranks_ok = bool(np.array_equal(got_r, ref.target_rank))
     ok = written and lse_inf_ok and ranks_ok and max(err_lse, err_ent, err_p) < 1e-4
-    name = f"stats {rows}x{vocab} {str(dtype).split('.')[-1]} {kw or ''}"
+    name = f"stats {rows}x{vocab} {str(dtype).split('.')[-1]} t={num_targets} {kw or ''}"
     record(name, "ok" if ok else "FAIL", f"rel lse {err_lse:.1e} ent {err_ent:.1e} prob {err_p:.1e} ranks {'exact' if ranks_ok else 'DIFF'}")
     if not ok:
         FAILED.append(name)
@@ -135,12 +150,15 @@ def time_logits_stats(rows: int, vocab: int, dtype: torch.dtype, ceiling_gbs: fl
     buffers = [random_logits(rows, vocab, dtype, masked=False) for _ in range(3)]
     targets = torch.tensor([7, 151_000 % vocab], device=DEV, dtype=torch.int32)
     out = DeviceLogitsStats.empty(rows, 2, DEV)
-    t = time_ms(lambda i: logits_stats(buffers[i % 3], targets, out=out), iters=50)
+    launch = lambda i: logits_stats(buffers[i % 3], targets, out=out)  # noqa: E731
+    t = time_ms(launch, iters=50)
     nbytes = rows * vocab * buffers[0].element_size()
     gbs = nbytes / (t * 1e-3) / 1e9
     name = f"time stats {rows}x{vocab} {str(dtype).split('.')[-1]}"
     record(name, f"{t * 1e3:.1f} us", f"{gbs:.0f} GB/s = {100 * gbs / ceiling_gbs:.0f}% of copy")
-    return {"us": t * 1e3, "gbs": gbs, "fraction_of_copy": gbs / ceiling_gbs}
+    host = host_launch_us(launch)
+    record("  host cost per launch", f"{host:.1f} us", "CuPy launch path")
+    return {"us": t * 1e3, "gbs": gbs, "fraction_of_copy": gbs / ceiling_gbs, "host_us": host}
 
 
 def side_stream_overhead() -> dict[str, float]:
@@ -192,6 +210,8 @@ def main() -> int:
         check_logits_stats(33, 50_257, dtype, all_masked_row=True)
         check_logits_stats(5, 1001, dtype, stride=1003)
         check_logits_stats(3, 129, dtype, offset=1)
+        check_logits_stats(17, 151_936, dtype, num_targets=5)
+        check_logits_stats(4, 4099, dtype, num_targets=8, offset=1)
     check_signals()
     timings = {
         "f32_256x151936": time_logits_stats(256, 151_936, torch.float32, ceiling),

@@ -7,8 +7,9 @@
 // nothing; a row that is entirely -inf yields lse = -inf, entropy = 0, probabilities 0.
 //
 // Entry points (extern "C", no name mangling), all with the same signature:
-//   logits_stats_f32, logits_stats_bf16            16-byte vector loads (row stride and base aligned)
-//   logits_stats_f32_scalar, logits_stats_bf16_scalar   any stride and alignment
+//   logits_stats_{f32,bf16}_k{2,8}          16-byte vector loads (row stride and base aligned)
+//   logits_stats_{f32,bf16}_scalar_k{2,8}   any stride and alignment
+// where k is the most target ids the variant handles (the launcher picks the smallest that fits).
 // Launch: grid = num_rows, block = LOGITS_STATS_THREADS, no dynamic shared memory.
 
 // bf16 is handled as its raw 16 bits (no cuda_bf16.h: NVRTC then needs no toolkit headers):
@@ -28,11 +29,14 @@ struct Triple {
 __device__ __forceinline__ void triple_add(Triple& t, float x) {
     if (!(x > NEG_INF)) return;  // masked token (or NaN): no probability mass
     if (x > t.m) {
-        // Rescale the sums to the new max: e^(m-x) shrinks them; u also shifts by (m - x) per unit mass.
-        float d = t.m - x;
-        float scale = (t.m > NEG_INF) ? __expf(d) : 0.0f;
-        t.u = scale * (t.u + d * t.s);
-        t.s = scale * t.s;
+        if (t.m > NEG_INF) {
+            // Rescale the sums to the new max: e^(m-x) shrinks them; u also shifts by (m - x)
+            // per unit of mass.
+            const float d = t.m - x;
+            const float scale = __expf(d);
+            t.u = scale * (t.u + d * t.s);
+            t.s = scale * t.s;
+        }  // else: first finite value, the sums are still zero (and (-inf)·0 would be NaN)
         t.m = x;
     }
     float d = x - t.m;
@@ -81,41 +85,61 @@ struct Vec16<bf16_bits> {
     }
 };
 
-template <typename T, bool VECTOR>
-__device__ void logits_stats_row(const T* __restrict__ logits, long long row_stride, int vocab_size,
-                                 const int* __restrict__ target_ids, int num_targets,
-                                 float* __restrict__ lse_out, float* __restrict__ entropy_out,
-                                 float* __restrict__ target_prob_out, int* __restrict__ target_rank_out) {
+// One thread's running statistics: the softmax triple plus, for each of K target slots, how many
+// values exceeded the target's logit. Unused slots hold +inf, so they never count and need no
+// predicate. K is a compile-time constant: the arrays stay in registers.
+template <int K>
+struct Acc {
+    Triple t;
+    float target_logit[K];
+    int greater[K];
+
+    __device__ __forceinline__ void add(float v) {
+        triple_add(t, v);
+#pragma unroll
+        for (int k = 0; k < K; ++k) greater[k] += v > target_logit[k] ? 1 : 0;
+    }
+
+    __device__ __forceinline__ void merge_from_lane(int offset) {
+        Triple o;
+        o.m = __shfl_down_sync(0xffffffff, t.m, offset);
+        o.s = __shfl_down_sync(0xffffffff, t.s, offset);
+        o.u = __shfl_down_sync(0xffffffff, t.u, offset);
+        t = triple_merge(t, o);
+#pragma unroll
+        for (int k = 0; k < K; ++k) greater[k] += __shfl_down_sync(0xffffffff, greater[k], offset);
+    }
+};
+
+template <typename T, bool VECTOR, int K>
+__device__ __forceinline__ void logits_stats_row(const T* __restrict__ logits, long long row_stride,
+                                                 int vocab_size, const int* __restrict__ target_ids,
+                                                 int num_targets, float* __restrict__ lse_out,
+                                                 float* __restrict__ entropy_out,
+                                                 float* __restrict__ target_prob_out,
+                                                 int* __restrict__ target_rank_out) {
     __shared__ float shared_target_logit[MAX_TARGETS];
     __shared__ Triple shared_triples[LOGITS_STATS_THREADS / 32];
-    __shared__ int shared_counts[LOGITS_STATS_THREADS / 32][MAX_TARGETS];
+    __shared__ int shared_counts[LOGITS_STATS_THREADS / 32][K];
 
     const int row = blockIdx.x;
     const T* x = logits + (long long)row * row_stride;
     const int tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
 
-    if (tid < num_targets) {
-        int id = target_ids[tid];
+    if (tid < MAX_TARGETS) {
+        const int id = tid < num_targets ? target_ids[tid] : -1;
         shared_target_logit[tid] = (id >= 0 && id < vocab_size) ? to_float(x[id]) : NEG_INF;
     }
     __syncthreads();
-    float target_logit[MAX_TARGETS];
-    int greater[MAX_TARGETS];
+    Acc<K> acc;
+    acc.t = Triple{NEG_INF, 0.0f, 0.0f};
 #pragma unroll
-    for (int k = 0; k < MAX_TARGETS; ++k) {
-        target_logit[k] = k < num_targets ? shared_target_logit[k] : 0.0f;
-        greater[k] = 0;
+    for (int k = 0; k < K; ++k) {
+        acc.target_logit[k] = k < num_targets ? shared_target_logit[k] : __int_as_float(0x7f800000);
+        acc.greater[k] = 0;
     }
 
-    Triple t = {NEG_INF, 0.0f, 0.0f};
-    auto visit = [&](float v) {
-        triple_add(t, v);
-#pragma unroll
-        for (int k = 0; k < MAX_TARGETS; ++k) {
-            if (k < num_targets) greater[k] += (v > target_logit[k]) ? 1 : 0;
-        }
-    };
     int start = 0;
     if (VECTOR) {
         constexpr int N = Vec16<T>::N;
@@ -129,77 +153,68 @@ __device__ void logits_stats_row(const T* __restrict__ logits, long long row_str
             Vec16<T>::load(x + (long long)i * N, a);
             Vec16<T>::load(x + (long long)(i + step) * N, b);
 #pragma unroll
-            for (int j = 0; j < N; ++j) visit(a[j]);
+            for (int j = 0; j < N; ++j) acc.add(a[j]);
 #pragma unroll
-            for (int j = 0; j < N; ++j) visit(b[j]);
+            for (int j = 0; j < N; ++j) acc.add(b[j]);
         }
         if (i < num_vectors) {
             float a[N];
             Vec16<T>::load(x + (long long)i * N, a);
 #pragma unroll
-            for (int j = 0; j < N; ++j) visit(a[j]);
+            for (int j = 0; j < N; ++j) acc.add(a[j]);
         }
         start = num_vectors * N;
     }
-    for (int i = start + tid; i < vocab_size; i += blockDim.x) visit(to_float(x[i]));
+    for (int i = start + tid; i < vocab_size; i += blockDim.x) acc.add(to_float(x[i]));
 
     // Warp reduction, then one warp merges the per-warp results.
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        Triple o;
-        o.m = __shfl_down_sync(0xffffffff, t.m, offset);
-        o.s = __shfl_down_sync(0xffffffff, t.s, offset);
-        o.u = __shfl_down_sync(0xffffffff, t.u, offset);
-        t = triple_merge(t, o);
-#pragma unroll
-        for (int k = 0; k < MAX_TARGETS; ++k) greater[k] += __shfl_down_sync(0xffffffff, greater[k], offset);
-    }
+    for (int offset = 16; offset > 0; offset >>= 1) acc.merge_from_lane(offset);
     if (lane == 0) {
-        shared_triples[warp] = t;
+        shared_triples[warp] = acc.t;
 #pragma unroll
-        for (int k = 0; k < MAX_TARGETS; ++k) shared_counts[warp][k] = greater[k];
+        for (int k = 0; k < K; ++k) shared_counts[warp][k] = acc.greater[k];
     }
     __syncthreads();
-    if (warp == 0) {
-        const int num_warps = blockDim.x >> 5;
-        t = lane < num_warps ? shared_triples[lane] : Triple{NEG_INF, 0.0f, 0.0f};
+    if (warp != 0) return;
+    const int num_warps = blockDim.x >> 5;
+    acc.t = lane < num_warps ? shared_triples[lane] : Triple{NEG_INF, 0.0f, 0.0f};
 #pragma unroll
-        for (int k = 0; k < MAX_TARGETS; ++k) greater[k] = lane < num_warps ? shared_counts[lane][k] : 0;
+    for (int k = 0; k < K; ++k) acc.greater[k] = lane < num_warps ? shared_counts[lane][k] : 0;
 #pragma unroll
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            Triple o;
-            o.m = __shfl_down_sync(0xffffffff, t.m, offset);
-            o.s = __shfl_down_sync(0xffffffff, t.s, offset);
-            o.u = __shfl_down_sync(0xffffffff, t.u, offset);
-            t = triple_merge(t, o);
+    for (int offset = 16; offset > 0; offset >>= 1) acc.merge_from_lane(offset);
+    if (lane != 0) return;
+    const Triple t = acc.t;
+    const bool any = t.m > NEG_INF;
+    const float lse = any ? t.m + __logf(t.s) : NEG_INF;
+    lse_out[row] = lse;
+    entropy_out[row] = any ? fmaxf(__logf(t.s) - t.u / t.s, 0.0f) : 0.0f;
 #pragma unroll
-            for (int k = 0; k < MAX_TARGETS; ++k) greater[k] += __shfl_down_sync(0xffffffff, greater[k], offset);
-        }
-        if (lane == 0) {
-            const bool any = t.m > NEG_INF;
-            const float lse = any ? t.m + __logf(t.s) : NEG_INF;
-            lse_out[row] = lse;
-            entropy_out[row] = any ? fmaxf(__logf(t.s) - t.u / t.s, 0.0f) : 0.0f;
-            for (int k = 0; k < num_targets; ++k) {
-                const float xk = shared_target_logit[k];
-                target_prob_out[row * num_targets + k] = (any && xk > NEG_INF) ? __expf(xk - lse) : 0.0f;
-                target_rank_out[row * num_targets + k] = greater[k];
-            }
+    for (int k = 0; k < K; ++k) {
+        if (k < num_targets) {
+            const float xk = shared_target_logit[k];
+            target_prob_out[row * num_targets + k] = (any && xk > NEG_INF) ? __expf(xk - lse) : 0.0f;
+            target_rank_out[row * num_targets + k] = acc.greater[k];
         }
     }
 }
 
-#define LOGITS_STATS_ENTRY(NAME, T, VECTOR)                                                               \
+#define LOGITS_STATS_ENTRY(NAME, T, VECTOR, K)                                                            \
     extern "C" __global__ void __launch_bounds__(LOGITS_STATS_THREADS)                                   \
         NAME(const T* __restrict__ logits, long long row_stride, int vocab_size,                         \
              const int* __restrict__ target_ids, int num_targets, float* __restrict__ lse_out,          \
              float* __restrict__ entropy_out, float* __restrict__ target_prob_out,                      \
              int* __restrict__ target_rank_out) {                                                        \
-        logits_stats_row<T, VECTOR>(logits, row_stride, vocab_size, target_ids, num_targets, lse_out,   \
-                                    entropy_out, target_prob_out, target_rank_out);                     \
+        logits_stats_row<T, VECTOR, K>(logits, row_stride, vocab_size, target_ids, num_targets, lse_out, \
+                                       entropy_out, target_prob_out, target_rank_out);                  \
     }
 
-LOGITS_STATS_ENTRY(logits_stats_f32, float, true)
-LOGITS_STATS_ENTRY(logits_stats_bf16, bf16_bits, true)
-LOGITS_STATS_ENTRY(logits_stats_f32_scalar, float, false)
-LOGITS_STATS_ENTRY(logits_stats_bf16_scalar, bf16_bits, false)
+// Suffix _k<K>: compiled for at most K target ids (the launcher picks the smallest that fits).
+LOGITS_STATS_ENTRY(logits_stats_f32_k2, float, true, 2)
+LOGITS_STATS_ENTRY(logits_stats_f32_k8, float, true, 8)
+LOGITS_STATS_ENTRY(logits_stats_bf16_k2, bf16_bits, true, 2)
+LOGITS_STATS_ENTRY(logits_stats_bf16_k8, bf16_bits, true, 8)
+LOGITS_STATS_ENTRY(logits_stats_f32_scalar_k2, float, false, 2)
+LOGITS_STATS_ENTRY(logits_stats_f32_scalar_k8, float, false, 8)
+LOGITS_STATS_ENTRY(logits_stats_bf16_scalar_k2, bf16_bits, false, 2)
+LOGITS_STATS_ENTRY(logits_stats_bf16_scalar_k8, bf16_bits, false, 8)

@@ -3,8 +3,9 @@
 The sources come from the extension (``meridian._core.kernel_source``), are compiled once per
 device by CuPy's ``RawModule`` (NVRTC) and cached. Launches go on the torch stream the caller
 names (default: torch's current stream) through ``cupy.cuda.ExternalStream``; every buffer is a
-torch tensor handed to CuPy zero-copy over DLPack, so CuPy's own memory pool never allocates and
-vLLM's memory budget stays whole. Invariant: nothing here synchronises the device.
+torch tensor passed as a raw device pointer, so CuPy's own memory pool never allocates (vLLM's
+memory budget stays whole) and a launch costs little host time. Invariant: nothing here
+synchronises the device.
 """
 
 from __future__ import annotations
@@ -39,10 +40,19 @@ def _function(name: str, entry: str, device_id: int) -> Any:
     return _module(name, device_id).get_function(entry)
 
 
-def _cupy(t: torch.Tensor) -> Any:
+def _ptr(t: torch.Tensor) -> Any:
+    """A device pointer as the 8-byte kernel argument CuPy packs for a ``uint64`` scalar: no
+    CuPy array is built per launch, which keeps the host cost of a launch small."""
+    import numpy as np
+
+    return np.uint64(t.data_ptr())
+
+
+@functools.lru_cache(maxsize=64)
+def _cupy_stream(stream_ptr: int, device_id: int) -> Any:
     import cupy
 
-    return cupy.from_dlpack(t.detach())
+    return cupy.cuda.ExternalStream(stream_ptr, device_id)
 
 
 @dataclass
@@ -93,27 +103,27 @@ def logits_stats(
     vector = 4 if logits.dtype == torch.float32 else 8
     aligned = logits.stride(0) % vector == 0 and logits.data_ptr() % 16 == 0
     suffix = "f32" if logits.dtype == torch.float32 else "bf16"
-    entry = f"logits_stats_{suffix}" + ("" if aligned else "_scalar")
+    most_targets = 2 if num_targets <= 2 else MAX_TARGETS
+    entry = f"logits_stats_{suffix}" + ("" if aligned else "_scalar") + f"_k{most_targets}"
     device_id = logits.device.index or 0
     kernel = _function("logits_stats.cu", entry, device_id)
     torch_stream = stream or torch.cuda.current_stream(logits.device)
-    source = logits if logits.dtype == torch.float32 else logits.view(torch.int16)
     if rows == 0:
         return out
-    with cupy.cuda.Device(device_id), cupy.cuda.ExternalStream(torch_stream.cuda_stream, device_id):
+    with cupy.cuda.Device(device_id), _cupy_stream(torch_stream.cuda_stream, device_id):
         kernel(
             (rows,),
             (LOGITS_STATS_THREADS,),
             (
-                _cupy(source),
+                _ptr(logits),
                 np.int64(logits.stride(0)),
                 np.int32(vocab),
-                _cupy(target_ids),
+                _ptr(target_ids),
                 np.int32(num_targets),
-                _cupy(out.lse),
-                _cupy(out.entropy),
-                _cupy(out.target_prob),
-                _cupy(out.target_rank),
+                _ptr(out.lse),
+                _ptr(out.entropy),
+                _ptr(out.target_prob),
+                _ptr(out.target_rank),
             ),
         )
     return out
@@ -164,14 +174,14 @@ def update_signals(
     kernel = _function("signals.cu", "update_signals", device_id)
     torch_stream = stream or torch.cuda.current_stream(entropy.device)
     blocks = (num_active + SIGNAL_THREADS - 1) // SIGNAL_THREADS
-    with cupy.cuda.Device(device_id), cupy.cuda.ExternalStream(torch_stream.cuda_stream, device_id):
+    with cupy.cuda.Device(device_id), _cupy_stream(torch_stream.cuda_stream, device_id):
         kernel(
             (blocks,),
             (SIGNAL_THREADS,),
             (
-                _cupy(entropy), _cupy(row_is_probe), _cupy(slot_ids), _cupy(row_offsets), np.int32(num_active),
+                _ptr(entropy), _ptr(row_is_probe), _ptr(slot_ids), _ptr(row_offsets), np.int32(num_active),
                 np.float32(eat_alpha), np.float32(high_entropy_nats), np.float32(rpdi_alpha),
-                _cupy(state.eat_mean), _cupy(state.eat_var), _cupy(state.eat_count),
-                _cupy(state.rpdi_num_tokens), _cupy(state.rpdi_num_high), _cupy(state.rpdi_local_rate),
+                _ptr(state.eat_mean), _ptr(state.eat_var), _ptr(state.eat_count),
+                _ptr(state.rpdi_num_tokens), _ptr(state.rpdi_num_high), _ptr(state.rpdi_local_rate),
             ),
         )
