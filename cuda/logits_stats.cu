@@ -100,6 +100,35 @@ struct Acc {
         for (int k = 0; k < K; ++k) greater[k] += v > target_logit[k] ? 1 : 0;
     }
 
+    // A whole loaded vector at once: one max and at most one rescale per vector instead of a
+    // compare-and-branch per element, which is what bounds the bf16 path (8 values per load).
+    template <int N>
+    __device__ __forceinline__ void add_vector(const float (&v)[N]) {
+        float vmax = v[0];
+#pragma unroll
+        for (int j = 1; j < N; ++j) vmax = fmaxf(vmax, v[j]);
+        if (!(vmax > NEG_INF)) return;  // all masked
+        if (vmax > t.m) {
+            if (t.m > NEG_INF) {
+                const float d = t.m - vmax;
+                const float scale = __expf(d);
+                t.u = scale * (t.u + d * t.s);
+                t.s = scale * t.s;
+            }
+            t.m = vmax;
+        }
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            // Masked values give d = -inf: clamp so that e·d is 0·(-FLT_MAX) = 0, not NaN.
+            const float d = fmaxf(v[j] - t.m, -3.0e38f);
+            const float e = __expf(d);
+            t.s += e;
+            t.u = fmaf(e, d, t.u);
+#pragma unroll
+            for (int k = 0; k < K; ++k) greater[k] += v[j] > target_logit[k] ? 1 : 0;
+        }
+    }
+
     __device__ __forceinline__ void merge_from_lane(int offset) {
         Triple o;
         o.m = __shfl_down_sync(0xffffffff, t.m, offset);
@@ -152,16 +181,13 @@ __device__ __forceinline__ void logits_stats_row(const T* __restrict__ logits, l
             float a[N], b[N];
             Vec16<T>::load(x + (long long)i * N, a);
             Vec16<T>::load(x + (long long)(i + step) * N, b);
-#pragma unroll
-            for (int j = 0; j < N; ++j) acc.add(a[j]);
-#pragma unroll
-            for (int j = 0; j < N; ++j) acc.add(b[j]);
+            acc.add_vector(a);
+            acc.add_vector(b);
         }
         if (i < num_vectors) {
             float a[N];
             Vec16<T>::load(x + (long long)i * N, a);
-#pragma unroll
-            for (int j = 0; j < N; ++j) acc.add(a[j]);
+            acc.add_vector(a);
         }
         start = num_vectors * N;
     }
