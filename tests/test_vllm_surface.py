@@ -63,3 +63,15 @@ def test_request_queue_interface_is_what_the_waiting_queue_implements() -> None:
 
     abstract = set(RequestQueue.__abstractmethods__)
     assert abstract <= set(vars(MeridianWaitingQueue)), abstract - set(vars(MeridianWaitingQueue))
+
+
+def test_scheduler_cls_flag_resolves_to_meridian() -> None:
+    from vllm.config import SchedulerConfig
+
+    from meridian.vllm import MeridianScheduler
+
+    config = SchedulerConfig(
+        max_num_seqs=8, max_num_batched_tokens=256, max_model_len=256, is_encoder_decoder=False,
+        scheduler_cls="meridian.vllm.MeridianScheduler",
+    )
+    assert config.get_scheduler_cls() is MeridianScheduler
