@@ -369,8 +369,6 @@ def _observer_markers(scheduler: Any) -> tuple[list[int], list[int], list[list[i
 
 
 def tiny_model_dir(cache_dir: str | Path) -> Path:
-    """The tiny model folder under ``cache_dir`` (written on first use)."""
-    path = Path(cache_dir) / "tiny-reasoner"
-    if not (path / "config.json").exists():
-        write_tiny_model(path)
-    return path
+    """The tiny model folder under ``cache_dir`` (rewritten each call: a few ms, and a cache left
+    by an older version can never go stale)."""
+    return write_tiny_model(Path(cache_dir) / "tiny-reasoner")

@@ -24,6 +24,8 @@ SPECIAL_TOKENS = [
     "</tool_call>",
     "<unk>",
 ]
+#: Added tokens that stay visible in decoded text (the reasoning parser reads them).
+MARKER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 #: Ordinary words: counting words for the reasoning and digits/letters for answers.
 WORDS = (
     [str(i) for i in range(100)]
@@ -68,7 +70,11 @@ def write_tiny_model(
     vocab = vocabulary()
     tokenizer = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = WhitespaceSplit()
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    # The reasoning and tool-call markers are added tokens (always matched whole) but not special
+    # ones: as in DeepSeek-R1's and Qwen3's tokenizers they survive detokenization, which is what
+    # vLLM's reasoning parsers read to split reasoning from content.
+    tokenizer.add_special_tokens([t for t in SPECIAL_TOKENS if t not in MARKER_TOKENS])
+    tokenizer.add_tokens(MARKER_TOKENS)
     tokenizer.save(str(out / "tokenizer.json"))
 
     eos_id = vocab["<|im_end|>"]
