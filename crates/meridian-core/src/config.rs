@@ -86,6 +86,7 @@ struct RawConfig {
     stall_factor: Option<f64>,
     think_tokens_prior: Option<Vec<u32>>,
     answer_tokens_prior: Option<Vec<u32>>,
+    request_log_path: Option<String>,
 }
 
 /// Validated configuration of the policy.
@@ -125,6 +126,8 @@ pub struct Config {
     pub think_tokens_prior: Vec<u32>,
     /// Answer lengths (tokens) that seed the remaining-answer predictor.
     pub answer_tokens_prior: Vec<u32>,
+    /// File the shim appends one JSON line to per finished request (its ledger), if set.
+    pub request_log_path: Option<String>,
 }
 
 /// Quantiles of production DeepSeek-R1 thinking lengths (ServeGen, `traces/REASONING.md`):
@@ -230,6 +233,15 @@ impl Config {
                 raw.answer_tokens_prior,
                 &DEFAULT_ANSWER_PRIOR,
             )?,
+            request_log_path: match raw.request_log_path {
+                Some(path) if path.trim().is_empty() => {
+                    return Err(Error::config(
+                        "request_log_path",
+                        "must be a file path, not an empty string",
+                    ));
+                }
+                other => other,
+            },
         };
         Ok(config)
     }

@@ -59,6 +59,12 @@ impl PyConfig {
         self.inner.tool_call_markers.clone()
     }
 
+    /// Where the shim appends one JSON line per finished request, if configured.
+    #[getter]
+    fn request_log_path(&self) -> Option<String> {
+        self.inner.request_log_path.clone()
+    }
+
     /// Targets of one class as a dict (`ttft_ms`, `ttfat_ms`, `answer_tpot_ms`, `e2e_ms`, `rank`).
     fn class_targets<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
         let id = self.inner.class_by_name(name).ok_or_else(|| {

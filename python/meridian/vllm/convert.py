@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from vllm.v1.request import RequestStatus
 
-from meridian._core import Config
+from meridian._core import Config, FinishedRequest
 from meridian.errors import ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -115,3 +115,27 @@ def finish_reason(status: RequestStatus) -> str:
 def prompt_token_ids(request: Request) -> list[int]:
     """The prompt's token ids (empty for embeddings-only prompts)."""
     return list(request.prompt_token_ids or [])
+
+
+#: Fields of a finished-request report written to the request log, in order.
+REPORT_FIELDS = (
+    "req_id", "slo_class", "reason", "arrival_ms", "ttft_ms", "ttfat_ms", "transition_gap_ms", "think_tpot_ms",
+    "answer_tpot_ms", "e2e_ms", "max_answer_gap_ms", "num_stalls", "num_think_tokens", "num_answer_tokens",
+    "num_preemptions_prefill", "num_preemptions_think", "num_preemptions_answer", "met_all",
+    "never_reusable_from_token",
+)
+
+
+def report_json(report: FinishedRequest) -> str:
+    """One finished request's ledger as a JSON object on one line."""
+    return json.dumps({name: getattr(report, name) for name in REPORT_FIELDS})
+
+
+def open_request_log(path: str | None) -> IO[str] | None:
+    """Opens the request log for appending (line-buffered), or raises ``ConfigError`` naming it."""
+    if path is None:
+        return None
+    try:
+        return open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed in shutdown()
+    except OSError as exc:
+        raise ConfigError(f"invalid meridian config `request_log_path`: cannot open {path!r} for appending: {exc}") from exc

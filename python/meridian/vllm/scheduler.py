@@ -73,6 +73,7 @@ class MeridianScheduler(AsyncScheduler):
         #: KV blocks dropped from the prefix cache as never reusable.
         self.num_reasoning_blocks_evicted = 0
         self._rejected: list[tuple[Request, str]] = []
+        self._request_log = convert.open_request_log(config.request_log_path)
         self._install_queues()
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
@@ -197,6 +198,8 @@ class MeridianScheduler(AsyncScheduler):
             self.meridian.on_tokens_batch(now_ms, [handle], [len(unseen)], unseen)
         report = self.meridian.finish(now_ms, handle, convert.finish_reason(request.status))
         self.finished_reports.append(report)
+        if self._request_log is not None:
+            self._request_log.write(convert.report_json(report) + "\n")
         if report.never_reusable_from_token is not None:
             self._evict_never_reusable(request, report.never_reusable_from_token)
 
@@ -214,6 +217,12 @@ class MeridianScheduler(AsyncScheduler):
             # free queue when they are freed: reused before any ordinary prefix-cache block.
             self.kv_cache_manager.evict_blocks(block_ids)
             self.num_reasoning_blocks_evicted += len(block_ids)
+
+    def shutdown(self) -> None:
+        if self._request_log is not None:
+            self._request_log.close()
+            self._request_log = None
+        super().shutdown()
 
     def _reject(self, request: Request, message: str) -> None:
         logger.warning("meridian: rejecting request %s: %s", request.request_id, message)

@@ -1,0 +1,154 @@
+"""Start a real ``vllm serve`` (vLLM's OpenAI-compatible server, through ``meridian.vllm_cli``) on
+loopback for tests and demos, and talk to it with streaming clients.
+
+``VllmServer`` is a context manager: it launches the server in its own process group with the
+offline environment, waits for ``/health``, and on exit stops the whole group (front end, engine
+core, worker). Its log goes to a file the caller can read. ``stream_chat`` sends one streaming
+chat completion and returns what arrived (reasoning text, answer text, finish reason, per-chunk
+arrival times).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmServer:
+    """``vllm serve MODEL ARGS...`` on 127.0.0.1, for the duration of a ``with`` block."""
+
+    def __init__(self, model: Path, args: list[str], *, log_path: Path, cache_dir: Path, start_timeout_s: float = 300.0):
+        self.model = model
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.args = args
+        self.log_path = log_path
+        self.cache_dir = cache_dir
+        self.start_timeout_s = start_timeout_s
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "meridian.vllm_cli", "serve", str(self.model), "--host", "127.0.0.1",
+                "--port", str(self.port), *self.args]
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        cache = self.cache_dir
+        env.update({
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+            "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+            "VLLM_RPC_BASE_PATH": str(cache / "rpc"), "PYTHONUNBUFFERED": "1",
+        })
+        (cache / "rpc").mkdir(parents=True, exist_ok=True)
+        return env
+
+    def start(self) -> VllmServer:
+        """Starts the server; returns once ``/health`` answers, raises if the process dies first."""
+        import httpx
+
+        log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                        env=self.environment(), start_new_session=True)
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.process.returncode}; log: {self.log_path}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise TimeoutError(f"vllm serve did not become healthy in {self.start_timeout_s:.0f}s; log: {self.log_path}")
+
+    def wait_for_exit(self, timeout_s: float) -> int:
+        """Runs the server expecting it to exit by itself (a start-up failure); returns its code."""
+        log = open(self.log_path, "wb")  # noqa: SIM115
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                        env=self.environment(), start_new_session=True)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+        self.process = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __enter__(self) -> VllmServer:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+@dataclass
+class StreamResult:
+    """What one streaming chat completion delivered."""
+
+    status: int
+    reasoning: str = ""
+    content: str = ""
+    finish_reason: str | None = None
+    error: str | None = None
+    chunk_times_s: list[float] = field(default_factory=list)
+
+
+def stream_chat(base_url: str, model: str, message: str, *, max_tokens: int = 400,
+                extra: dict[str, Any] | None = None, timeout_s: float = 300.0) -> StreamResult:
+    """One streaming ``/v1/chat/completions`` request at temperature 0."""
+    import httpx
+
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": message}],
+                            "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    body.update(extra or {})
+    with httpx.Client(timeout=timeout_s) as client, client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as r:
+        result = StreamResult(status=r.status_code)
+        if r.status_code != 200:
+            result.error = r.read().decode(errors="replace")
+            return result
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            payload = json.loads(line[len("data: "):])
+            if "error" in payload:
+                result.error = json.dumps(payload["error"])
+                continue
+            for choice in payload.get("choices", []):
+                delta = choice.get("delta") or {}
+                piece = (delta.get("reasoning") or delta.get("reasoning_content") or "", delta.get("content") or "")
+                if piece[0] or piece[1]:
+                    result.chunk_times_s.append(time.monotonic())
+                result.reasoning += piece[0]
+                result.content += piece[1]
+                if choice.get("finish_reason"):
+                    result.finish_reason = choice["finish_reason"]
+        return result
