@@ -48,7 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="stock vLLM vs Meridian on the scripted KV-pressure scenario")
     demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="scenario seeds (default: 0 1 2)")
     demo.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where vLLM caches and the tiny model live")
-    demo.add_argument("--json", type=Path, help="also write the per-seed metrics to this JSON file")
+    demo.add_argument("--json", type=Path, help="also write the metrics to this JSON file")
+    demo.add_argument("--parts", nargs="+", choices=["scripted", "live"], default=["scripted", "live"],
+                      help="which parts to run (default: both)")
+    demo.add_argument("--model", type=Path, default=None, help="model folder for the live part "
+                      "(default: tests/fixtures/tiny-reasoner)")
+    demo.add_argument("--live-requests", type=int, default=24, help="concurrent requests in the live burst")
 
     check = sub.add_parser("check-config", help="validate a --additional-config JSON value")
     check.add_argument("additional_config", help="the JSON given to vLLM's --additional-config")
@@ -56,7 +61,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
-            return _demo(args.seeds, args.cache_dir, args.json)
+            report: dict[str, object] = {}
+            if "scripted" in args.parts:
+                report["scripted"] = _demo(args.seeds, args.cache_dir)
+            if "live" in args.parts:
+                report["live"] = _live_demo(args.model, args.cache_dir, args.live_requests)
+            if args.json is not None:
+                args.json.write_text(json.dumps(report, indent=2) + "\n")
+                print(f"\nwrote {args.json}")
+            return 0
         return _check_config(args.additional_config)
     except MeridianError as exc:
         print(f"meridian: error: {exc}", file=sys.stderr)
@@ -75,7 +88,7 @@ def _check_config(text: str) -> int:
     return 0
 
 
-def _demo(seeds: list[int], cache_dir: Path, json_path: Path | None) -> int:
+def _demo(seeds: list[int], cache_dir: Path) -> dict[str, object]:
     # vLLM's start-up notes (Triton, CPU block size) would interleave with the progress lines.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from meridian.scripted import Scenario, run_scenario, summarize
@@ -101,10 +114,52 @@ def _demo(seeds: list[int], cache_dir: Path, json_path: Path | None) -> int:
             print(f" {time.monotonic() - started:6.1f}s", flush=True)
     print()
     print(_table(results, seeds))
-    if json_path is not None:
-        json_path.write_text(json.dumps({"seeds": seeds, "results": results}, indent=2) + "\n")
-        print(f"\nwrote {json_path}")
-    return 0
+    return {"seeds": seeds, "results": results}
+
+
+LIVE_ROWS = [
+    ("completed", "completed requests"),
+    ("preemptions", "preemptions (vLLM /metrics)"),
+    ("preemptions_think", "  of which thinking (Meridian ledger)"),
+    ("preemptions_answer", "  of which answering (Meridian ledger)"),
+    ("answer_stalls", "answer stalls (gap > 250 ms)"),
+    ("answer_itl_p99_ms", "answer ITL p99 [ms]"),
+    ("answer_itl_max_ms", "answer ITL max [ms]"),
+    ("answer_tpot_mean_ms", "answer TPOT mean [ms]"),
+    ("ttft_p50_ms", "TTFT p50 [ms]"),
+    ("ttfat_p50_ms", "TTFAT p50 [ms]"),
+    ("ttfat_p99_ms", "TTFAT p99 [ms]"),
+    ("throughput_tok_s", "throughput [tokens/s]"),
+]
+
+
+def _live_demo(model: Path | None, cache_dir: Path, num_requests: int) -> dict[str, object]:
+    from meridian.live import DEFAULT_MODEL, LiveWorkload, run_live
+
+    workload = LiveWorkload(num_requests=num_requests)
+    print(
+        f"\nLive: vLLM's OpenAI server (CPU build) serving the tiny reasoning model, {num_requests} concurrent "
+        "streaming requests (think 20-99, answer 5-26 tokens), 640-token KV cache; wall-clock latencies.",
+        flush=True,
+    )
+    results: dict[str, dict[str, float]] = {}
+    for policy in ("vllm", "meridian"):
+        print(f"  {policy}: starting the server ...", flush=True)
+        results[policy] = run_live(policy, workload, model or DEFAULT_MODEL, cache_dir, cache_dir / "live",
+                                   progress=lambda line: print(line, flush=True))
+
+    def fmt(v: float | None) -> str:
+        if v is None or (isinstance(v, float) and math.isnan(v)):
+            return "-"
+        return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+    width = max(len(label) for _, label in LIVE_ROWS) + 2
+    print()
+    print(f"{'metric':<{width}}{'stock vLLM':>14}{'Meridian':>14}")
+    print("-" * (width + 28))
+    for key, label in LIVE_ROWS:
+        print(f"{label:<{width}}{fmt(results['vllm'].get(key)):>14}{fmt(results['meridian'].get(key)):>14}")
+    return {"workload": workload.__dict__, "results": results}
 
 
 def _table(results: dict[str, list[dict[str, float]]], seeds: list[int]) -> str:

@@ -115,11 +115,14 @@ class StreamResult:
     """What one streaming chat completion delivered."""
 
     status: int
+    sent_s: float = 0.0
     reasoning: str = ""
     content: str = ""
     finish_reason: str | None = None
     error: str | None = None
-    chunk_times_s: list[float] = field(default_factory=list)
+    #: Arrival times (time.monotonic) of chunks carrying reasoning text, and of chunks carrying answer text.
+    reasoning_times_s: list[float] = field(default_factory=list)
+    content_times_s: list[float] = field(default_factory=list)
 
 
 def stream_chat(base_url: str, model: str, message: str, *, max_tokens: int = 400,
@@ -130,8 +133,9 @@ def stream_chat(base_url: str, model: str, message: str, *, max_tokens: int = 40
     body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": message}],
                             "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
     body.update(extra or {})
+    sent_s = time.monotonic()
     with httpx.Client(timeout=timeout_s) as client, client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as r:
-        result = StreamResult(status=r.status_code)
+        result = StreamResult(status=r.status_code, sent_s=sent_s)
         if r.status_code != 200:
             result.error = r.read().decode(errors="replace")
             return result
@@ -144,11 +148,15 @@ def stream_chat(base_url: str, model: str, message: str, *, max_tokens: int = 40
                 continue
             for choice in payload.get("choices", []):
                 delta = choice.get("delta") or {}
-                piece = (delta.get("reasoning") or delta.get("reasoning_content") or "", delta.get("content") or "")
-                if piece[0] or piece[1]:
-                    result.chunk_times_s.append(time.monotonic())
-                result.reasoning += piece[0]
-                result.content += piece[1]
+                reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
+                content = delta.get("content") or ""
+                now = time.monotonic()
+                if reasoning:
+                    result.reasoning_times_s.append(now)
+                    result.reasoning += reasoning
+                if content:
+                    result.content_times_s.append(now)
+                    result.content += content
                 if choice.get("finish_reason"):
                     result.finish_reason = choice["finish_reason"]
         return result
