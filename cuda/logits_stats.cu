@@ -26,19 +26,21 @@ struct Triple {
     float u;  // sum of exp(x - m) * (x - m)
 };
 
+// Moves the triple to a larger max: e^(m-new) shrinks the sums; u also shifts by (m - new) per
+// unit of mass. From m = -inf the sums are still zero (and (-inf)·0 would be NaN), so only m moves.
+__device__ __forceinline__ void triple_raise_max(Triple& t, float new_max) {
+    if (t.m > NEG_INF) {
+        const float d = t.m - new_max;
+        const float scale = __expf(d);
+        t.u = scale * (t.u + d * t.s);
+        t.s = scale * t.s;
+    }
+    t.m = new_max;
+}
+
 __device__ __forceinline__ void triple_add(Triple& t, float x) {
     if (!(x > NEG_INF)) return;  // masked token (or NaN): no probability mass
-    if (x > t.m) {
-        if (t.m > NEG_INF) {
-            // Rescale the sums to the new max: e^(m-x) shrinks them; u also shifts by (m - x)
-            // per unit of mass.
-            const float d = t.m - x;
-            const float scale = __expf(d);
-            t.u = scale * (t.u + d * t.s);
-            t.s = scale * t.s;
-        }  // else: first finite value, the sums are still zero (and (-inf)·0 would be NaN)
-        t.m = x;
-    }
+    if (x > t.m) triple_raise_max(t, x);
     float d = x - t.m;
     float e = __expf(d);
     t.s += e;
@@ -108,15 +110,7 @@ struct Acc {
 #pragma unroll
         for (int j = 1; j < N; ++j) vmax = fmaxf(vmax, v[j]);
         if (!(vmax > NEG_INF)) return;  // all masked
-        if (vmax > t.m) {
-            if (t.m > NEG_INF) {
-                const float d = t.m - vmax;
-                const float scale = __expf(d);
-                t.u = scale * (t.u + d * t.s);
-                t.s = scale * t.s;
-            }
-            t.m = vmax;
-        }
+        if (vmax > t.m) triple_raise_max(t, vmax);
 #pragma unroll
         for (int j = 0; j < N; ++j) {
             // Masked values give d = -inf: clamp so that e·d is 0·(-FLT_MAX) = 0, not NaN.
