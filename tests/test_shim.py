@@ -160,10 +160,12 @@ def test_unknown_class_fails_only_that_request(tiny_model: Path) -> None:
         ScriptedRequest("good", 0, WORD_IDS[:8], reasoning_script(5, 3), slo_class="standard"),
         ScriptedRequest("bad", 0, WORD_IDS[:8], reasoning_script(5, 3), slo_class="gold"),
         ScriptedRequest("late", 3, WORD_IDS[:8], reasoning_script(5, 3)),
+        ScriptedRequest("huge-priority", 1, WORD_IDS[:8], reasoning_script(5, 3), priority=2**70),
     ]
     scheduler, result = run("meridian", tiny_model, requests)
-    assert result.requests["bad"].finish_reason == "error"
-    assert result.requests["bad"].output_token_ids == []
+    for rejected in ("bad", "huge-priority"):
+        assert result.requests[rejected].finish_reason == "error"
+        assert result.requests[rejected].output_token_ids == []
     for req_id in ("good", "late"):
         assert result.requests[req_id].finish_reason == "stop"
         assert result.requests[req_id].output_token_ids == requests[0].output_token_ids

@@ -331,7 +331,8 @@ class ScriptedEngine:
         )
         self._handles[scripted.req_id] = self.observer.add_request(
             scripted.req_id, self.now_ms, list(scripted.prompt_token_ids), params.max_tokens,
-            scripted.slo_class if scripted.slo_class in self._observer_classes else None, scripted.priority,
+            scripted.slo_class if scripted.slo_class in self._observer_classes else None,
+            max(-(2**62), min(2**62, scripted.priority)),  # the observer only measures; keep it in range
         )
         self._tokens[scripted.req_id] = []
         self.scheduler.add_request(request)

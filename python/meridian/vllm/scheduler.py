@@ -95,7 +95,8 @@ class MeridianScheduler(AsyncScheduler):
                 slo_class,
                 request.priority,
             )
-        except MeridianError as exc:
+        except (MeridianError, OverflowError, TypeError, ValueError) as exc:
+            # Per-request input never takes the engine down: the request alone fails.
             self._reject(request, str(exc))
             return
         setattr(request, HANDLE_ATTR, handle)
