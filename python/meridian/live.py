@@ -72,7 +72,7 @@ def run_live(policy: str, workload: LiveWorkload, model: Path, cache_dir: Path, 
                 if done % 6 == 0 or done == len(futures):
                     progress(f"    {done}/{len(futures)} done ({time.monotonic() - burst_start:.1f}s)")
         wall_s = time.monotonic() - burst_start
-        preemptions = _prometheus_counter(server.base_url, "vllm:num_preemptions_total")
+        preemptions = prometheus_total(server.base_url, "vllm:num_preemptions_total")
     metrics = summarize_live(results, wall_s)
     metrics["preemptions"] = preemptions
     if policy == "meridian" and request_log.exists():
@@ -117,7 +117,8 @@ def summarize_live(results: list[StreamResult], wall_s: float) -> dict[str, Any]
     }
 
 
-def _prometheus_counter(base_url: str, name: str) -> float:
+def prometheus_total(base_url: str, name: str) -> float:
+    """Sum of every sample of one metric on a vLLM server's ``/metrics`` page."""
     import httpx
 
     text = httpx.get(f"{base_url}/metrics", timeout=10.0).text
