@@ -168,7 +168,7 @@ class MeridianScheduler(AsyncScheduler):
             handle = getattr(request, HANDLE_ATTR, None) if request is not None else None
             if handle is None:
                 continue
-            phase, alarm = self.meridian.on_preempted(now_ms, handle)
+            _phase, alarm = self.meridian.on_preempted(now_ms, handle)
             if alarm:
                 logger.warning(
                     "meridian: answering request %s preempted while a thinking request ran", req_id
