@@ -1,6 +1,6 @@
 """Type stubs of the Rust extension ``meridian._core`` (hand-written; checked by mypy.stubtest)."""
 
-from typing import final
+from typing import Literal, final
 
 __all__ = ["__version__", "Config", "FinishedRequest", "Meridian", "StepPlan", "kernel_source"]
 __version__: str
@@ -27,6 +27,10 @@ class Config:
     def tool_call_markers(self) -> list[str]: ...
     @property
     def request_log_path(self) -> str | None: ...
+    @property
+    def step_log_path(self) -> str | None: ...
+    @property
+    def policy(self) -> Literal["meridian", "answer_first", "pascal"]: ...
     def class_targets(self, name: str) -> dict[str, float | int | None]: ...
 
 @final
@@ -46,6 +50,9 @@ class StepPlan:
     def token_budget(self) -> int: ...
     @property
     def num_reserved_blocks(self) -> int: ...
+    @property
+    def held(self) -> list[int]:
+        """Indices into ``running`` that skip this step (paced answers), ascending."""
 
 @final
 class FinishedRequest:

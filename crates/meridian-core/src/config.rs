@@ -22,6 +22,23 @@ pub enum ReasoningBlockRule {
     Never,
 }
 
+/// Which scheduling policy the core runs. `Meridian` is the product; the other two exist so the
+/// replay can measure the product against its own ablation and a published alternative with the
+/// same engine, the same shim and the same metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Dual queue with slack ordering, step budget, admission reserve and eviction tiers.
+    Meridian,
+    /// Ablation: answering requests first, everything else first-come first-served; vLLM's own
+    /// budget and admission; no eviction tiers.
+    AnswerFirst,
+    /// Reasoning first (least recently served first), answering paced at the class's answer TPOT
+    /// target and preempted first (after PASCAL, arXiv 2602.11530); vLLM's own budget and
+    /// admission; no eviction tiers.
+    Pascal,
+}
+
 /// Seed coefficients of the step-time model: `step_ms = base_ms + per_token_ms * scheduled tokens
 /// + per_context_token_ms * context tokens read`.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
@@ -70,6 +87,7 @@ struct RawClass {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
+    policy: Option<Policy>,
     classes: Option<BTreeMap<String, RawClass>>,
     default_class: Option<String>,
     priority_map: Option<BTreeMap<String, String>>,
@@ -87,11 +105,14 @@ struct RawConfig {
     think_tokens_prior: Option<Vec<u32>>,
     answer_tokens_prior: Option<Vec<u32>>,
     request_log_path: Option<String>,
+    step_log_path: Option<String>,
 }
 
 /// Validated configuration of the policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// The scheduling policy.
+    pub policy: Policy,
     /// SLO classes, indexed by [`ClassId`].
     pub classes: Vec<SloClass>,
     /// Class of a request that names none and whose priority maps to none.
@@ -128,6 +149,9 @@ pub struct Config {
     pub answer_tokens_prior: Vec<u32>,
     /// File the shim appends one JSON line to per finished request (its ledger), if set.
     pub request_log_path: Option<String>,
+    /// File the shim appends one JSON line to per engine step (batch shape and measured time), for
+    /// fitting a replay profile to real hardware, if set.
+    pub step_log_path: Option<String>,
 }
 
 /// Quantiles of production DeepSeek-R1 thinking lengths (ServeGen, `traces/REASONING.md`):
@@ -205,6 +229,7 @@ impl Config {
         let step_time = raw.step_time.unwrap_or_default();
         validate_step_time(&step_time)?;
         let config = Self {
+            policy: raw.policy.unwrap_or(Policy::Meridian),
             classes,
             default_class,
             priority_map,
@@ -233,17 +258,19 @@ impl Config {
                 raw.answer_tokens_prior,
                 &DEFAULT_ANSWER_PRIOR,
             )?,
-            request_log_path: match raw.request_log_path {
-                Some(path) if path.trim().is_empty() => {
-                    return Err(Error::config(
-                        "request_log_path",
-                        "must be a file path, not an empty string",
-                    ));
-                }
-                other => other,
-            },
+            request_log_path: log_path("request_log_path", raw.request_log_path)?,
+            step_log_path: log_path("step_log_path", raw.step_log_path)?,
         };
         Ok(config)
+    }
+}
+
+fn log_path(key: &str, path: Option<String>) -> Result<Option<String>> {
+    match path {
+        Some(path) if path.trim().is_empty() => {
+            Err(Error::config(key, "must be a file path, not an empty string"))
+        }
+        other => Ok(other),
     }
 }
 

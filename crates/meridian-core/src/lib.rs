@@ -33,7 +33,7 @@ pub mod scheduler;
 pub mod slo;
 pub mod step_model;
 
-pub use config::{Config, ReasoningBlockRule, StepTimeProfile};
+pub use config::{Config, Policy, ReasoningBlockRule, StepTimeProfile};
 pub use error::{Error, Result};
 pub use ledger::{
     Attainment, ClassCounters, FinishReason, PhaseCounts, PhaseCountsU64, RequestLedger, RequestMetrics,

@@ -8,7 +8,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::config::{Config, ReasoningBlockRule};
+use crate::config::{Config, Policy, ReasoningBlockRule};
 use crate::error::{check_time_ms, Error, Result};
 use crate::ledger::{Attainment, ClassCounters, FinishReason, PhaseCountsU64, RequestLedger, RequestMetrics};
 use crate::phase::{Phase, PhaseTracker, ReasoningMarkers};
@@ -94,6 +94,9 @@ pub struct StepPlan {
     pub token_budget: u32,
     /// KV blocks held back for running answering requests.
     pub num_reserved_blocks: u32,
+    /// Indices into `running` of requests that must not be scheduled this step (paced answers
+    /// under the `pascal` policy; always empty otherwise), ascending.
+    pub held: Vec<u32>,
 }
 
 /// What a preemption meant.
@@ -437,6 +440,7 @@ impl Meridian {
         let num_admissible =
             self.num_admissible(waiting, &waiting_order, num_free_blocks, num_reserved_blocks, running.len());
         let token_budget = self.token_budget(&load);
+        let held = self.paced_out(now_ms, running, decode_step_ms);
         self.num_thinking_in_step = running.len() as u32 - load.num_answering;
         let step_id = self.stats.num_steps;
         self.stats.num_steps += 1;
@@ -448,6 +452,7 @@ impl Meridian {
             num_admissible,
             token_budget,
             num_reserved_blocks,
+            held,
         })
     }
 
@@ -597,6 +602,12 @@ impl Meridian {
     #[inline]
     fn running_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
         let r = self.hot(handle);
+        match self.config.policy {
+            Policy::Meridian => {}
+            Policy::AnswerFirst => return (u8::from(r.phase != Phase::Answer), sortable(r.arrival_ms), 0),
+            // Round robin within each phase: the request served longest ago goes first.
+            Policy::Pascal => return (u8::from(r.phase == Phase::Answer), sortable(r.last_token_ms), 0),
+        }
         let targets = self.targets(r.class);
         let more_sunk_first = u32::MAX - r.num_tokens;
         if r.phase == Phase::Answer {
@@ -644,6 +655,10 @@ impl Meridian {
     #[inline]
     fn waiting_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
         let r = self.hot(handle);
+        if self.config.policy != Policy::Meridian {
+            // vLLM's own order: preempted requests (back at the head) first, then arrival.
+            return (u8::from(!r.preempted), sortable(r.arrival_ms), 0);
+        }
         if r.preempted {
             return self.running_key(now_ms, handle, step_ms);
         }
@@ -716,6 +731,10 @@ impl Meridian {
         num_running: usize,
     ) -> u32 {
         let seats = (self.limits.max_num_seqs as usize).saturating_sub(num_running);
+        if self.config.policy != Policy::Meridian {
+            // The baselines admit like stock vLLM: whatever its KV check lets in.
+            return order.len().min(seats) as u32;
+        }
         let mut blocks_left = u64::from(num_free_blocks.saturating_sub(num_reserved_blocks));
         let block_size = u64::from(self.limits.block_size);
         let mut admitted = 0usize;
@@ -740,6 +759,9 @@ impl Meridian {
     /// Sarathi-style stall-free budget: while anyone answers, the step must fit the tightest
     /// answer TPOT target; otherwise thinking and prefill may use `think_batch_multiplier` × it.
     fn token_budget(&self, load: &RunningLoad) -> u32 {
+        if self.config.policy != Policy::Meridian {
+            return self.limits.max_num_batched_tokens;
+        }
         let num_context_tokens = load.num_context_tokens;
         let num_answering = load.num_answering;
         let answer_tpot_ms = load.answer_tpot_ms;
@@ -758,6 +780,27 @@ impl Meridian {
             ((f64::from(tokens) * self.config.think_batch_multiplier) as u64, self.config.min_token_budget)
         };
         budget.max(u64::from(floor)).min(u64::from(max_tokens)) as u32
+    }
+
+    /// PASCAL's token pacer: an answering request that has already shown its first answer token
+    /// skips the step unless its next token would otherwise come later than the pace (its class's
+    /// answer TPOT target with the configured headroom). Its KV stays put; only the step's
+    /// compute goes to reasoning instead.
+    fn paced_out(&self, now_ms: f64, running: &[ReqHandle], step_ms: f64) -> Vec<u32> {
+        if self.config.policy != Policy::Pascal {
+            return Vec::new();
+        }
+        let headroom = self.config.tpot_headroom;
+        running
+            .iter()
+            .enumerate()
+            .filter(|&(_, &h)| {
+                let r = self.hot(h);
+                let pace_ms = self.targets(r.class).answer_tpot_ms * headroom;
+                r.phase == Phase::Answer && r.has_answered && r.last_token_ms + pace_ms > now_ms + step_ms
+            })
+            .map(|(i, _)| i as u32)
+            .collect()
     }
 
     // ---- bookkeeping ----------------------------------------------------------------------
@@ -781,7 +824,7 @@ impl Meridian {
     }
 
     fn never_reusable_from(&self, r: &Tracked) -> Option<u32> {
-        if !r.tracker.is_reasoning() {
+        if !r.tracker.is_reasoning() || self.config.policy != Policy::Meridian {
             return None;
         }
         match self.config.evict_reasoning_blocks {

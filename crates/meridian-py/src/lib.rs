@@ -65,6 +65,22 @@ impl PyConfig {
         self.inner.request_log_path.clone()
     }
 
+    /// Where the shim appends one JSON line per engine step, if configured.
+    #[getter]
+    fn step_log_path(&self) -> Option<String> {
+        self.inner.step_log_path.clone()
+    }
+
+    /// The scheduling policy (`meridian`, `answer_first` or `pascal`).
+    #[getter]
+    fn policy(&self) -> &'static str {
+        match self.inner.policy {
+            core::Policy::Meridian => "meridian",
+            core::Policy::AnswerFirst => "answer_first",
+            core::Policy::Pascal => "pascal",
+        }
+    }
+
     /// Targets of one class as a dict (`ttft_ms`, `ttfat_ms`, `answer_tpot_ms`, `e2e_ms`, `rank`).
     fn class_targets<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
         let id = self.inner.class_by_name(name).ok_or_else(|| {
@@ -90,6 +106,7 @@ struct PyStepPlan {
     num_admissible: u32,
     token_budget: u32,
     num_reserved_blocks: u32,
+    held: Vec<u32>,
 }
 
 /// A finished request's report.
@@ -194,6 +211,7 @@ impl PyMeridian {
             num_admissible: plan.num_admissible,
             token_budget: plan.token_budget,
             num_reserved_blocks: plan.num_reserved_blocks,
+            held: plan.held,
         })
     }
 

@@ -19,6 +19,7 @@ from meridian.errors import ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
@@ -131,11 +132,31 @@ def report_json(report: FinishedRequest) -> str:
     return json.dumps({name: getattr(report, name) for name in REPORT_FIELDS})
 
 
-def open_request_log(path: str | None) -> IO[str] | None:
-    """Opens the request log for appending (line-buffered), or raises ``ConfigError`` naming it."""
+def open_log(path: str | None, key: str) -> IO[str] | None:
+    """Opens a JSONL log for appending (line-buffered), or raises ``ConfigError`` naming ``key``."""
     if path is None:
         return None
     try:
         return open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed in shutdown()
     except OSError as exc:
-        raise ConfigError(f"invalid meridian config `request_log_path`: cannot open {path!r} for appending: {exc}") from exc
+        raise ConfigError(f"invalid meridian config `{key}`: cannot open {path!r} for appending: {exc}") from exc
+
+
+def step_shape(output: SchedulerOutput, requests: dict[str, Request]) -> dict[str, int]:
+    """The batch shape a replay profile's step time depends on (``meridian.replay.profiles``):
+    prompt tokens computed, requests decoding one token, and KV tokens attention reads."""
+    num_prefill_tokens = num_decode_requests = num_context_tokens = 0
+    for req_id, num_tokens in output.num_scheduled_tokens.items():
+        request = requests.get(req_id)
+        if request is None:
+            continue
+        num_context_tokens += request.num_computed_tokens
+        if request.num_computed_tokens - num_tokens >= request.num_prompt_tokens:
+            num_decode_requests += 1
+        else:
+            num_prefill_tokens += num_tokens
+    return {
+        "num_prefill_tokens": num_prefill_tokens,
+        "num_decode_requests": num_decode_requests,
+        "num_context_tokens": num_context_tokens,
+    }

@@ -13,6 +13,7 @@ core (its handle stored on the request) or pending rejection; the shim decides n
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
@@ -39,6 +40,8 @@ logger = logging.getLogger("meridian")
 HANDLE_ATTR = "meridian_handle"
 #: Attribute holding the core's step id on a ``SchedulerOutput``.
 STEP_ATTR = "meridian_step_id"
+#: Attribute holding (scheduled-at ms, batch shape) on a ``SchedulerOutput`` when steps are logged.
+SHAPE_ATTR = "meridian_step_shape"
 #: Finished-request reports kept for inspection (tests, the demo, operators' debugging).
 MAX_REPORTS = 10_000
 
@@ -73,7 +76,9 @@ class MeridianScheduler(AsyncScheduler):
         #: KV blocks dropped from the prefix cache as never reusable.
         self.num_reasoning_blocks_evicted = 0
         self._rejected: list[tuple[Request, str]] = []
-        self._request_log = convert.open_request_log(config.request_log_path)
+        self._request_log = convert.open_log(config.request_log_path, "request_log_path")
+        self._step_log = convert.open_log(config.step_log_path, "step_log_path")
+        self._last_output_ms: float | None = None
         self._install_queues()
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
@@ -110,14 +115,21 @@ class MeridianScheduler(AsyncScheduler):
             self.kv_cache_manager.block_pool.get_num_free_blocks(),
         )
         running = self.running
-        self.running = [running[i] for i in plan.running_order]
+        held = [running[i] for i in plan.held]
+        held_ids = {id(r) for r in held}
+        # Held requests sit the step out: vLLM only schedules (and only preempts) what is in
+        # `running`, so they keep their KV and rejoin at the back right after.
+        self.running = [r for i in plan.running_order if id(r := running[i]) not in held_ids]
         self.waiting.apply_plan(plan.waiting_order, plan.num_admissible)
         self.max_num_scheduled_tokens = plan.token_budget
         try:
             output = super().schedule(throttle_prefills)
         finally:
             self.waiting.close_gate()
+            self.running.extend(held)
         setattr(output, STEP_ATTR, plan.step_id)
+        if self._step_log is not None:
+            setattr(output, SHAPE_ATTR, (self.clock_ms(), convert.step_shape(output, self.requests)))
         if output.preempted_req_ids:
             self._record_preemptions(output.preempted_req_ids)
         return output
@@ -131,6 +143,7 @@ class MeridianScheduler(AsyncScheduler):
         if step_id is not None:
             self.meridian.on_step_output(now_ms, step_id, scheduler_output.total_num_scheduled_tokens)
         self._record_tokens(now_ms, outputs.values())
+        self._log_step(now_ms, scheduler_output)
         self._emit_rejections(outputs)
         return outputs
 
@@ -219,10 +232,22 @@ class MeridianScheduler(AsyncScheduler):
             self.kv_cache_manager.evict_blocks(block_ids)
             self.num_reasoning_blocks_evicted += len(block_ids)
 
+    def _log_step(self, now_ms: float, scheduler_output: SchedulerOutput) -> None:
+        shaped = getattr(scheduler_output, SHAPE_ATTR, None)
+        previous_ms, self._last_output_ms = self._last_output_ms, now_ms
+        if self._step_log is None or shaped is None or scheduler_output.total_num_scheduled_tokens == 0:
+            return
+        scheduled_at_ms, shape = shaped
+        # Under async scheduling the device runs step N while N+1 is scheduled: the step took
+        # from when it could start (scheduled, and the previous output back) until its output.
+        started_ms = scheduled_at_ms if previous_ms is None else max(scheduled_at_ms, previous_ms)
+        self._step_log.write(json.dumps({**shape, "step_ms": round(now_ms - started_ms, 4)}) + "\n")
+
     def shutdown(self) -> None:
-        if self._request_log is not None:
-            self._request_log.close()
-            self._request_log = None
+        for log in (self._request_log, self._step_log):
+            if log is not None:
+                log.close()
+        self._request_log = self._step_log = None
         super().shutdown()
 
     def _reject(self, request: Request, message: str) -> None:

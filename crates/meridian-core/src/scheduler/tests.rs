@@ -451,3 +451,54 @@ fn replanning_an_unchanged_state_keeps_the_order() {
     assert!(again.running_order.iter().enumerate().all(|(i, &j)| i as u32 == j), "running order flapped");
     assert!(again.waiting_order.iter().enumerate().all(|(i, &j)| i as u32 == j), "waiting order flapped");
 }
+
+fn engine_with_policy(policy: &str) -> Meridian {
+    engine_with(Config::from_json(&format!(r#"{{"policy": "{policy}"}}"#)).unwrap())
+}
+
+#[test]
+fn unknown_policy_is_rejected_by_name() {
+    let err = Config::from_json(r#"{"policy": "sjf"}"#).unwrap_err().to_string();
+    assert!(err.contains("policy") && err.contains("sjf"), "{err}");
+}
+
+#[test]
+fn answer_first_ablation_orders_by_phase_then_arrival_and_leaves_the_rest_to_vllm() {
+    let mut core = engine_with_policy("answer_first");
+    let a = add(&mut core, "a", 0.0, 32);
+    let b = add(&mut core, "b", 1.0, 32);
+    let c = add(&mut core, "c", 2.0, 32);
+    let w = add(&mut core, "w", 3.0, 64);
+    think(&mut core, 10.0, a, 3000);
+    think(&mut core, 10.0, b, 5);
+    think(&mut core, 10.0, c, 5);
+    core.on_tokens(10.0, c, &[END, WORD]).unwrap();
+    let plan = core.plan_step(20.0, &[a, b, c], &[w], 0).unwrap();
+    assert_eq!(plan.running_order, vec![2, 0, 1], "answering first, then first come first served");
+    assert_eq!(plan.token_budget, limits().max_num_batched_tokens);
+    assert_eq!(plan.num_admissible, 1, "no reserve: vLLM's own KV check decides");
+    assert!(plan.held.is_empty());
+    let done = core.finish(30.0, c, FinishReason::Stopped).unwrap();
+    assert_eq!(done.never_reusable_from_token, None, "no eviction tiers in the ablation");
+}
+
+#[test]
+fn pascal_runs_reasoning_first_and_paces_answers_at_their_tpot_target() {
+    let mut core = engine_with_policy("pascal");
+    let thinking = add(&mut core, "thinking", 0.0, 32);
+    let fresh_answer = add(&mut core, "fresh", 0.0, 32);
+    let paced = add(&mut core, "paced", 0.0, 32);
+    think(&mut core, 10.0, thinking, 5);
+    think(&mut core, 10.0, fresh_answer, 5);
+    core.on_tokens(10.0, fresh_answer, &[END]).unwrap();
+    think(&mut core, 15.0, paced, 5);
+    core.on_tokens(15.0, paced, &[END, WORD]).unwrap();
+    // The standard class paces answers at 100 ms × 0.9 headroom: at 20 ms the answer that just
+    // emitted a token waits; the one that has not shown its first answer token never does.
+    let plan = core.plan_step(20.0, &[paced, fresh_answer, thinking], &[], 1000).unwrap();
+    assert_eq!(plan.running_order[0], 2, "reasoning leads");
+    assert_eq!(plan.held, vec![0], "only the answer that is ahead of its pace skips the step");
+    assert_eq!(*plan.running_order.last().unwrap(), 0, "the answer served most recently is the victim");
+    let later = core.plan_step(200.0, &[paced, fresh_answer, thinking], &[], 1000).unwrap();
+    assert!(later.held.is_empty(), "once its pace is due it runs");
+}
