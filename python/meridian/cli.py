@@ -2,6 +2,8 @@
 
 ``meridian demo`` runs the KV-pressure scenario through stock vLLM's ``AsyncScheduler`` and
 ``MeridianScheduler`` side by side and prints DESIGN §4's metrics (latencies in engine steps).
+``meridian replay`` replays a trace through stock vLLM's schedulers and Meridian's policies in
+virtual time on a hardware profile (``meridian.replay``).
 ``meridian check-config`` validates a ``--additional-config`` value without starting vLLM.
 """
 
@@ -49,11 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="scenario seeds (default: 0 1 2)")
     demo.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where vLLM caches and the tiny model live")
     demo.add_argument("--json", type=Path, help="also write the metrics to this JSON file")
-    demo.add_argument("--parts", nargs="+", choices=["scripted", "live"], default=["scripted", "live"],
-                      help="which parts to run (default: both)")
+    demo.add_argument("--parts", nargs="+", choices=["scripted", "replay", "live"],
+                      default=["scripted", "replay", "live"], help="which parts to run (default: all)")
     demo.add_argument("--model", type=Path, default=None, help="model folder for the live part "
                       "(default: tests/fixtures/tiny-reasoner)")
     demo.add_argument("--live-requests", type=int, default=24, help="concurrent requests in the live burst")
+
+    _add_replay_parser(sub)
 
     check = sub.add_parser("check-config", help="validate a --additional-config JSON value")
     check.add_argument("additional_config", help="the JSON given to vLLM's --additional-config")
@@ -64,16 +68,115 @@ def main(argv: Sequence[str] | None = None) -> int:
             report: dict[str, object] = {}
             if "scripted" in args.parts:
                 report["scripted"] = _demo(args.seeds, args.cache_dir)
+            if "replay" in args.parts:
+                report["replay"] = _replay_demo(args.cache_dir)
             if "live" in args.parts:
                 report["live"] = _live_demo(args.model, args.cache_dir, args.live_requests)
             if args.json is not None:
                 args.json.write_text(json.dumps(report, indent=2) + "\n")
                 print(f"\nwrote {args.json}")
             return 0
+        if args.command == "replay":
+            return _replay(args)
         return _check_config(args.additional_config)
-    except MeridianError as exc:
+    except (MeridianError, ValueError, OSError) as exc:
         print(f"meridian: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"rate scales must be positive numbers, got {text!r}")
+    return values
+
+
+def _add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from meridian.replay.engine import POLICIES
+    from meridian.replay.runner import DEFAULT_PROFILE
+
+    replay = sub.add_parser(
+        "replay",
+        help="replay a trace through stock vLLM and Meridian in virtual time",
+        description="Replays a trace through vLLM's own schedulers and Meridian's policies, driven like vLLM's "
+        "engine core, in virtual time on a hardware profile. Without --trace: the bundled Azure LLM 2023 "
+        "excerpt (code + conversation, CC-BY-4.0) with ServeGen reasoning lengths.",
+    )
+    replay.add_argument("--trace", type=Path, action="append", default=None,
+                        help="trace file (Mooncake JSONL, Azure LLM CSV, Meridian JSONL); repeat to merge several")
+    replay.add_argument("--format", choices=["mooncake", "azure", "meridian"], default=None,
+                        help="trace format (default: inferred from the file)")
+    replay.add_argument("--reasoning", choices=["auto", "trace", "servegen", "servegen-ratio", "none"], default="auto",
+                        help="thinking/answer split: from the trace, sampled from ServeGen's DeepSeek-R1 "
+                        "distributions (whole output, or the trace's output split by a sampled ratio), or none "
+                        "(default auto: the trace's split when it has one, else servegen)")
+    replay.add_argument("--servegen-dir", type=Path, default=None,
+                        help="ServeGen data/reason/deepseek-r1 folder (default: the bundled summary)")
+    replay.add_argument("--classes", default=None,
+                        help="SLO class rule: trace | fixed:NAME | mix:a=0.2,b=0.8 | by-source:code=A,conv=B")
+    replay.add_argument("--rate-scale", type=_floats, default=[1.0],
+                        help="arrival-rate multipliers, comma-separated; several give a load sweep (default 1)")
+    replay.add_argument("--start-s", type=float, default=0.0, help="start of the trace window in seconds")
+    replay.add_argument("--duration-s", type=float, default=None, help="length of the trace window in seconds")
+    replay.add_argument("--limit", type=int, default=None, help="replay at most this many requests")
+    replay.add_argument("--profile", default=DEFAULT_PROFILE,
+                        help=f"hardware/model profile: a bundled name or a JSON file (default {DEFAULT_PROFILE})")
+    replay.add_argument("--policies", default=",".join(POLICIES),
+                        help=f"comma-separated policies (default all: {', '.join(POLICIES)})")
+    replay.add_argument("--config", default=None,
+                        help="Meridian config (the `meridian` block) as JSON or @file: classes, targets, knobs")
+    replay.add_argument("--seed", type=int, default=0, help="seed of every sampled quantity (default 0)")
+    replay.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
+    replay.add_argument("--json", type=Path, default=None, help="write the metrics to this JSON file")
+    replay.add_argument("--report-dir", type=Path, default=None, help="write PNG plots and replay.json here")
+    replay.add_argument("--no-progress", action="store_true", help="no progress bar")
+    replay.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where vLLM's caches live")
+
+
+def _replay(args: argparse.Namespace) -> int:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from meridian.replay.runner import DEFAULT_TRACES, ReplayOptions, load_config_arg, render, run_replay, write_outputs
+
+    options = ReplayOptions(
+        traces=tuple(args.trace) if args.trace else DEFAULT_TRACES,
+        trace_format=args.format,
+        reasoning=args.reasoning,
+        servegen_dir=args.servegen_dir,
+        classes=args.classes,
+        rate_scales=args.rate_scale,
+        start_s=args.start_s,
+        duration_s=args.duration_s,
+        limit=args.limit,
+        profile=args.profile,
+        policies=[p.strip() for p in args.policies.split(",") if p.strip()],
+        meridian_config=load_config_arg(args.config),
+        seed=args.seed,
+        jobs=args.jobs,
+        progress=not args.no_progress,
+        cache_dir=args.cache_dir,
+    )
+    report = run_replay(options)
+    print(render(report))
+    for path in write_outputs(report, args.json, args.report_dir):
+        print(f"wrote {path}")
+    return 0
+
+
+def _replay_demo(cache_dir: Path) -> dict[str, object]:
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from meridian.replay.runner import DEMO_OPTIONS, render, run_replay
+
+    print("\nReplay: a bundled excerpt of the Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA '24; "
+          "CC-BY-4.0), real arrivals + production-derived reasoning lengths (ServeGen DeepSeek-R1), on the "
+          "H200 / 32B-class profile, every policy, virtual time.", flush=True)
+    started = time.monotonic()
+    report = run_replay(DEMO_OPTIONS.with_cache_dir(cache_dir))
+    print(render(report))
+    print(f"(replayed in {time.monotonic() - started:.0f} s)", flush=True)
+    return report.to_json()
 
 
 def _check_config(text: str) -> int:

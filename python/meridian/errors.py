@@ -2,7 +2,8 @@
 
 Every error the Rust core raises maps, variant by variant, onto one of these classes
 (``crates/meridian-py/src/errors.rs``). Each also subclasses the builtin whose meaning fits, so
-callers can catch either ``meridian.errors.ConfigError`` or plain ``ValueError``.
+callers can catch either ``meridian.errors.ConfigError`` or plain ``ValueError``. ``TraceError`` and
+``ProfileError`` are raised only by the Python replay tooling (``meridian.replay``), never by the core.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ __all__ = [
     "UnknownRequestError",
     "InvalidArgumentError",
     "UnsupportedVllmError",
+    "TraceError",
+    "ProfileError",
 ]
 
 
@@ -47,3 +50,13 @@ class InvalidArgumentError(MeridianError, ValueError):
 
 class UnsupportedVllmError(MeridianError, ImportError):
     """The installed vLLM is outside the range this Meridian release supports."""
+
+
+class TraceError(MeridianError, ValueError):
+    """A workload trace, or a replay option applied to one, is malformed; the message names the file
+    and 1-based line (or the option) and the bad value."""
+
+
+class ProfileError(ConfigError):
+    """A replay hardware/model profile, or a step log fitted into one, is malformed; the message
+    names the file (and 1-based line for a step log) and the key."""

@@ -1,0 +1,1 @@
+"""Trace-driven replay of recorded or synthesized workloads through Meridian."""

@@ -1,0 +1,190 @@
+"""Replay metrics and reports: the per-policy summary of DESIGN §4, the terminal table, the JSON
+file and the PNG plots.
+
+It owns the reduction from per-request reports (the observer core's ledgers, one definition for
+every policy) to the numbers an operator compares: latency percentiles, goodput against each
+request's class targets, throughput, stalls and preemptions by phase, per class and overall.
+Invariant: every number is computed from the same requests for every policy — a request that did
+not complete counts as submitted and not good, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from meridian.replay.engine import ReplayResult, Timeline, percentile_summary
+
+#: Latency fields summarised as ``{p50, p90, p99, mean}``.
+LATENCY_FIELDS = ("ttft_ms", "ttfat_ms", "answer_tpot_ms", "think_tpot_ms")
+
+
+def summarize(result: ReplayResult) -> dict[str, Any]:
+    """The policy's metrics overall and per class (JSON-ready)."""
+    duration_s = max(result.clock_ms, 1e-9) / 1000.0
+    summary = _summarize_group(result.timelines, duration_s)
+    summary["per_class"] = {
+        name: _summarize_group([t for t in result.timelines if t.slo_class == name], duration_s)
+        for name in sorted({t.slo_class for t in result.timelines})
+    }
+    summary.update(
+        policy=result.policy,
+        duration_s=duration_s,
+        num_steps=result.num_steps,
+        device_utilization=result.device_busy_ms / max(result.clock_ms, 1e-9),
+        answer_preemption_alarms=result.num_answer_preemption_alarms,
+    )
+    return summary
+
+
+def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[str, Any]:
+    reports = [t.report for t in timelines if t.report is not None]
+    completed = [r for r in reports if r.reason == "stopped"]
+    good = sum(1 for r in completed if r.met_all)
+    num_tokens = sum(len(t.token_times_ms) for t in timelines)
+    out: dict[str, Any] = {
+        field: percentile_summary([v for r in completed if (v := getattr(r, field)) is not None])
+        for field in LATENCY_FIELDS
+    }
+    out.update(
+        submitted=len(timelines),
+        completed=len(completed),
+        good=good,
+        attainment=good / len(timelines) if timelines else None,
+        goodput_rps=good / duration_s,
+        throughput_tok_s=num_tokens / duration_s,
+        stalls=sum(r.num_stalls for r in reports),
+        preemptions={
+            "prefill": sum(r.num_preemptions_prefill for r in reports),
+            "think": sum(r.num_preemptions_think for r in reports),
+            "answer": sum(r.num_preemptions_answer for r in reports),
+        },
+    )
+    return out
+
+
+@dataclass
+class PolicyRun:
+    """What a replay keeps of one policy's run: plain values (they cross process boundaries)."""
+
+    policy: str
+    rate_scale: float
+    summary: dict[str, Any]
+    ttfat_ms: list[float]
+    answer_tpot_ms: list[float]
+
+
+def policy_run(result: ReplayResult, rate_scale: float) -> PolicyRun:
+    """Reduces a replay to its summary and the per-request values the CDF plots need."""
+    reports = [t.report for t in result.timelines if t.report is not None and t.report.reason == "stopped"]
+    summary = summarize(result)
+    summary["rate_scale"] = rate_scale
+    return PolicyRun(
+        policy=result.policy,
+        rate_scale=rate_scale,
+        summary=summary,
+        ttfat_ms=[r.ttfat_ms for r in reports if r.ttfat_ms is not None],
+        answer_tpot_ms=[r.answer_tpot_ms for r in reports if r.answer_tpot_ms is not None],
+    )
+
+
+# ---- terminal ----------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value / scale:.{digits}f}"
+
+
+def table(summaries: Sequence[dict[str, Any]], baseline: str | None = "vllm-fcfs") -> str:
+    """One line per policy: goodput (and its ratio to ``baseline``), attainment, throughput,
+    TTFAT p50/p99, answer TPOT p50/p99, stalls, preemptions by phase."""
+    base = next((s for s in summaries if s["policy"] == baseline), None)
+    header = (
+        f"{'policy':<22} {'goodput/s':>9} {'×base':>6} {'attain':>6} {'tok/s':>8} {'×base':>6} "
+        f"{'TTFAT p50':>9} {'p99 (s)':>8} {'ansTPOT p50':>11} {'p99 (ms)':>8} {'stalls':>6} {'preempt t/a':>11}"
+    )
+    lines = [header, "-" * len(header)]
+    for s in summaries:
+        goodput_ratio = s["goodput_rps"] / base["goodput_rps"] if base and base["goodput_rps"] > 0 else None
+        tput_ratio = s["throughput_tok_s"] / base["throughput_tok_s"] if base and base["throughput_tok_s"] > 0 else None
+        pre = s["preemptions"]
+        lines.append(
+            f"{s['policy']:<22} {s['goodput_rps']:>9.3f} {_fmt(goodput_ratio, digits=2):>6} "
+            f"{_fmt(s['attainment'], 0.01, 0) + '%':>6} {s['throughput_tok_s']:>8.0f} {_fmt(tput_ratio, digits=3):>6} "
+            f"{_fmt(s['ttfat_ms']['p50'], 1000):>9} {_fmt(s['ttfat_ms']['p99'], 1000):>8} "
+            f"{_fmt(s['answer_tpot_ms']['p50']):>11} {_fmt(s['answer_tpot_ms']['p99']):>8} {s['stalls']:>6} "
+            f"{str(pre['think']) + '/' + str(pre['answer']):>11}"
+        )
+    return "\n".join(lines)
+
+
+# ---- files -------------------------------------------------------------------------------------
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def plot_cdfs(runs: Iterable[PolicyRun], out_dir: Path, suffix: str = "") -> list[Path]:
+    """CDFs of TTFAT and answer TPOT per policy, one PNG each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = list(runs)
+    written = []
+    for name, unit, scale in (("ttfat", "s", 1000.0), ("answer_tpot", "ms", 1.0)):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for run in runs:
+            values = np.sort(np.asarray(getattr(run, f"{name}_ms"), dtype=np.float64)) / scale
+            if values.size:
+                ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=run.policy)
+        ax.set_xlabel(f"{name.replace('_', ' ').upper()} ({unit})")
+        ax.set_ylabel("fraction of completed requests")
+        ax.set_xscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        path = out_dir / f"cdf_{name}{suffix}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_load_sweep(sweep: dict[float, list[dict[str, Any]]], out_dir: Path) -> list[Path]:
+    """Goodput and TTFAT p99 against the rate scale, one line per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scales = sorted(sweep)
+    policies = [s["policy"] for s in sweep[scales[0]]]
+    written = []
+    for name, read, label in (
+        ("goodput_vs_load", lambda s: s["goodput_rps"], "goodput (requests/s meeting all targets)"),
+        ("ttfat_p99_vs_load", lambda s: (s["ttfat_ms"]["p99"] or float("nan")) / 1000.0, "TTFAT p99 (s)"),
+    ):
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for policy in policies:
+            ys = [read(next(s for s in sweep[x] if s["policy"] == policy)) for x in scales]
+            ax.plot(scales, ys, marker="o", label=policy)
+        ax.set_xlabel("arrival rate scale (× trace rate)")
+        ax.set_ylabel(label)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        path = out_dir / f"{name}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

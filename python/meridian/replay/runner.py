@@ -1,0 +1,268 @@
+"""The replay as an operator runs it: build the workload, replay every policy at every load, and
+write the table, the JSON file and the plots.
+
+It owns the workload pipeline (load → window → reasoning lengths → classes → rate scale → limit,
+in that order, each step seeded and stated in the report), the fan-out of (load, policy) runs
+over worker processes, and the progress bar. Invariant: every policy at a given load replays the
+very same request list, on the same profile and with the same class targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meridian.replay import reasoning, traces
+from meridian.replay.engine import POLICIES, ReplayEngine, model_dir_for, policy_spec
+from meridian.replay.profiles import Profile
+from meridian.replay.report import PolicyRun, plot_cdfs, plot_load_sweep, policy_run, table, write_json
+
+#: The bundled trace excerpt ``meridian replay`` and the demo use when no trace is given.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+DEFAULT_TRACES = (DATA_DIR / "AzureLLMInferenceTrace_code_excerpt.csv", DATA_DIR / "AzureLLMInferenceTrace_conv_excerpt.csv")
+#: How the default excerpt maps its two sources onto SLO classes.
+DEFAULT_CLASS_RULE = "by-source:code=interactive,conv=standard"
+DEFAULT_PROFILE = "h200-qwen3-32b"
+
+
+@dataclass
+class ReplayOptions:
+    """Everything a replay takes; the CLI fills it from flags."""
+
+    traces: Sequence[Path] = DEFAULT_TRACES
+    trace_format: str | None = None
+    reasoning: str = "auto"  # auto: "trace" when the trace has a split, else "servegen"
+    servegen_dir: Path | None = None
+    classes: str | None = None  # None: DEFAULT_CLASS_RULE for the bundled excerpt, else "trace"
+    rate_scales: Sequence[float] = (1.0,)
+    start_s: float = 0.0
+    duration_s: float | None = None
+    limit: int | None = None
+    profile: str = DEFAULT_PROFILE
+    policies: Sequence[str] = tuple(POLICIES)
+    meridian_config: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    jobs: int = 0  # 0: one per core, at most one per run
+    progress: bool = True
+    cache_dir: Path = Path(".cache")
+
+    def with_cache_dir(self, cache_dir: Path) -> ReplayOptions:
+        return dataclasses.replace(self, cache_dir=cache_dir)
+
+
+@dataclass
+class ReplayReport:
+    """A finished replay: what was replayed and every policy's results per load."""
+
+    workload: dict[str, Any]
+    profile: Profile
+    runs: list[PolicyRun]
+
+    def at(self, rate_scale: float) -> list[PolicyRun]:
+        return [r for r in self.runs if r.rate_scale == rate_scale]
+
+    @property
+    def rate_scales(self) -> list[float]:
+        return sorted({r.rate_scale for r in self.runs})
+
+    def to_json(self) -> dict[str, Any]:
+        sweep = {str(scale): {r.policy: r.summary for r in self.at(scale)} for scale in self.rate_scales}
+        single = self.at(self.rate_scales[0]) if len(self.rate_scales) == 1 else None
+        payload: dict[str, Any] = {"workload": self.workload, "profile": self.profile.to_json()}
+        if single is not None:
+            payload["policies"] = {r.policy: r.summary for r in single}
+        payload["load_sweep"] = sweep
+        return payload
+
+
+# ---- the workload ------------------------------------------------------------------------------
+
+
+def build_workload(options: ReplayOptions) -> tuple[list[traces.TraceRequest], dict[str, Any]]:
+    """The request list (before rate scaling) and a description of how it was made."""
+    requests = traces.load_traces(list(options.traces), options.trace_format)
+    if options.start_s or options.duration_s is not None:
+        requests = traces.window(requests, options.start_s, options.duration_s)
+    source = options.reasoning
+    if source == "auto":
+        source = "trace" if requests and all(r.num_think_tokens is not None for r in requests) else "servegen"
+    servegen = None
+    if source.startswith("servegen"):
+        servegen = (
+            reasoning.ServeGenLengths.load(options.servegen_dir) if options.servegen_dir else reasoning.ServeGenLengths.default()
+        )
+    requests = reasoning.apply_reasoning_lengths(requests, source, seed=options.seed, servegen=servegen)
+    rule = options.classes or (DEFAULT_CLASS_RULE if tuple(options.traces) == DEFAULT_TRACES else "trace")
+    requests = traces.assign_classes(requests, rule, options.seed)
+    if options.limit is not None:
+        requests = traces.limit(requests, options.limit)
+    workload = {
+        "traces": [str(p) for p in options.traces],
+        "window_s": [options.start_s, options.duration_s],
+        "num_requests": len(requests),
+        "reasoning_lengths": reasoning.describe(source, options.seed, servegen),
+        "class_rule": rule,
+        "seed": options.seed,
+    }
+    return requests, workload
+
+
+# ---- running ----------------------------------------------------------------------------------
+
+
+def _run_one(
+    policy: str,
+    rate_scale: float,
+    requests: list[traces.TraceRequest],
+    profile: Profile,
+    meridian_config: dict[str, Any],
+    cache_dir: Path,
+    tick: Callable[[int], None],
+) -> PolicyRun:
+    scaled = traces.scale_rate(requests, rate_scale)
+    engine = ReplayEngine(
+        policy_spec(policy),
+        scaled,
+        profile,
+        meridian_config=meridian_config,
+        model_dir=model_dir_for(profile, cache_dir),
+        progress=tick,
+    )
+    return policy_run(engine.run(), rate_scale)
+
+
+# Worker state, set in the parent before forking (so workers inherit it without pickling).
+_WORK: dict[str, Any] = {}
+
+
+def _worker(job: tuple[str, float]) -> PolicyRun:
+    queue = _WORK["queue"]
+    return _run_one(*job, _WORK["requests"], _WORK["profile"], _WORK["config"], _WORK["cache_dir"], queue.put)
+
+
+def run_replay(options: ReplayOptions) -> ReplayReport:
+    """Replays every policy at every rate scale; see the module docs."""
+    from meridian.testing.harness import offline_environment
+
+    offline_environment(options.cache_dir)
+    for name in options.policies:
+        policy_spec(name)  # fail on a typo before any work
+    profile = Profile.load(options.profile)
+    requests, workload = build_workload(options)
+    workload["rate_scales"] = list(options.rate_scales)
+    jobs = [(policy, scale) for scale in options.rate_scales for policy in options.policies]
+    total = len(jobs) * len(requests)
+    bar = _progress_bar(total, options.progress)
+    num_workers = min(len(jobs), options.jobs or (os.cpu_count() or 1))
+    try:
+        if num_workers <= 1:
+            runs = [
+                _run_one(p, s, requests, profile, options.meridian_config, options.cache_dir, bar.update) for p, s in jobs
+            ]
+        else:
+            runs = _run_parallel(jobs, requests, profile, options, num_workers, bar.update)
+    finally:
+        bar.close()
+    return ReplayReport(workload=workload, profile=profile, runs=runs)
+
+
+def _run_parallel(
+    jobs: list[tuple[str, float]],
+    requests: list[traces.TraceRequest],
+    profile: Profile,
+    options: ReplayOptions,
+    num_workers: int,
+    tick: Callable[[int], None],
+) -> list[PolicyRun]:
+    import vllm  # noqa: F401 - imported once here (~20 s) so forked workers inherit it
+
+    context = multiprocessing.get_context("fork")
+    queue = context.SimpleQueue()
+    _WORK.update(requests=requests, profile=profile, config=options.meridian_config, cache_dir=options.cache_dir, queue=queue)
+    done = threading.Event()
+
+    def pump() -> None:
+        while not done.is_set() or not queue.empty():
+            if queue.empty():
+                time.sleep(0.05)
+                continue
+            tick(queue.get())
+
+    pumper = threading.Thread(target=pump, daemon=True)
+    pumper.start()
+    try:
+        with context.Pool(num_workers) as pool:
+            return pool.map(_worker, jobs, chunksize=1)
+    finally:
+        done.set()
+        pumper.join(timeout=5)
+        _WORK.clear()
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress_bar(total: int, enabled: bool) -> Any:
+    if not enabled or not sys.stderr.isatty():
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="req", desc="replay", smoothing=0.05)
+
+
+# ---- output -----------------------------------------------------------------------------------
+
+
+def write_outputs(report: ReplayReport, json_path: Path | None, report_dir: Path | None) -> list[Path]:
+    """Writes the JSON file and the plots; returns the paths written."""
+    written: list[Path] = []
+    if json_path is not None:
+        write_json(json_path, report.to_json())
+        written.append(json_path)
+    if report_dir is not None:
+        for scale in report.rate_scales:
+            suffix = "" if len(report.rate_scales) == 1 else f"_x{scale:g}"
+            written += plot_cdfs(report.at(scale), report_dir, suffix)
+        if len(report.rate_scales) > 1:
+            written += plot_load_sweep({s: [r.summary for r in report.at(s)] for s in report.rate_scales}, report_dir)
+        write_json(report_dir / "replay.json", report.to_json())
+        written.append(report_dir / "replay.json")
+    return written
+
+
+def render(report: ReplayReport) -> str:
+    """The terminal report: what was replayed, then one table per load."""
+    lines = [
+        f"workload: {report.workload['num_requests']} requests from {', '.join(Path(t).name for t in report.workload['traces'])}",
+        f"          {report.workload['reasoning_lengths']}",
+        f"          classes: {report.workload['class_rule']}",
+        f"profile:  {report.profile.name} — {report.profile.description}",
+    ]
+    for scale in report.rate_scales:
+        lines += ["", f"rate scale ×{scale:g}", table([r.summary for r in report.at(scale)])]
+    return "\n".join(lines)
+
+
+def load_config_arg(text: str | None) -> dict[str, Any]:
+    """``--config``: inline JSON or ``@path`` to a JSON file (the ``meridian`` block)."""
+    if not text:
+        return {}
+    raw = Path(text[1:]).read_text(encoding="utf-8") if text.startswith("@") else text
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError("--config must be a JSON object (the `meridian` block of --additional-config)")
+    return value
