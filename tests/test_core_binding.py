@@ -71,7 +71,7 @@ def test_request_lifecycle_through_the_binding() -> None:
     plan = core.plan_step(2.0, [a, b], [], 100)
     assert plan.running_order == [1, 0]
     assert 1 <= plan.token_budget <= 512
-    core.on_step_output(3.0, plan.step_id, 2)
+    core.on_step_output(3.0, plan.step_id, 0, 2, 40)
     done = core.finish(4.0, b, "stopped")
     assert done.req_id == "b" and done.slo_class == "interactive" and done.reason == "stopped"
     assert done.ttft_ms == 1.0 and done.never_reusable_from_token == 3

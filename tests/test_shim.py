@@ -135,7 +135,7 @@ def test_tool_call_answers_keep_their_reasoning_blocks(tiny_model: Path) -> None
 
 def test_token_budget_cap_holds_while_answers_stream(tiny_model: Path) -> None:
     config = dict(SCENARIO_MERIDIAN_CONFIG)
-    config["step_time"] = {"base_ms": 1.0, "per_token_ms": 0.01, "per_context_token_ms": 0.0, "online_fit": False}
+    config["step_time"] = {"base_ms": 1.0, "per_prefill_token_ms": 0.01, "per_context_token_ms": 0.0, "online_fit": False}
     config["tpot_headroom"] = 0.9
     requests = scenario_requests(Scenario(num_requests=24, prompt_tokens=(60, 120)), seed=5)
     scheduler = build_scheduler(

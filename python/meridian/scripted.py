@@ -36,7 +36,8 @@ SCENARIO_MERIDIAN_CONFIG: dict[str, Any] = {
     },
     "default_class": "standard",
     "priority_map": {"0": "standard"},
-    "step_time": {"base_ms": 1.0, "per_token_ms": 0.001, "per_context_token_ms": 0.0},
+    "step_time": {"base_ms": 1.0, "per_prefill_token_ms": 0.001, "per_decode_request_ms": 0.001,
+                  "per_context_token_ms": 0.0},
 }
 
 

@@ -39,15 +39,18 @@ pub enum Policy {
     Pascal,
 }
 
-/// Seed coefficients of the step-time model: `step_ms = base_ms + per_token_ms * scheduled tokens
-/// + per_context_token_ms * context tokens read`.
+/// Seed coefficients of the step-time model: `step_ms = base_ms + per_prefill_token_ms · prompt
+/// tokens computed + per_decode_request_ms · requests decoding + per_context_token_ms · KV
+/// tokens read`.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StepTimeProfile {
     /// Fixed cost of one forward pass (weights read, launch overhead).
     pub base_ms: f64,
-    /// Marginal cost of one scheduled token (prefill or decode).
-    pub per_token_ms: f64,
+    /// Marginal cost of one prompt token computed (compute-bound).
+    pub per_prefill_token_ms: f64,
+    /// Marginal cost of one more request decoding (sampling, per-request kernels).
+    pub per_decode_request_ms: f64,
     /// Marginal cost of one token of KV context read by attention.
     pub per_context_token_ms: f64,
     /// Refit the coefficients online from observed step times.
@@ -57,14 +60,17 @@ pub struct StepTimeProfile {
 }
 
 impl Default for StepTimeProfile {
-    /// An H200 serving an 8B-class model in bf16: ~16 GB of weights read per step at ~4.8 TB/s
-    /// gives ~4 ms; ~16 GFLOP per token at ~400 TFLOP/s effective gives 0.04 ms per token; ~147 kB
-    /// of KV per context token (36 layers, 8 KV heads × 128) gives 3e-5 ms per context token.
+    /// An H200 serving an 8B-class model in bf16, read off the replay profile
+    /// `h200-qwen3-8b` (whose file cites every number): ~5.5 ms for a one-request decode
+    /// (16 GB of weights at ~3.8 TB/s effective plus launch overhead); ~0.028 ms per prompt token
+    /// (16 GFLOP at ~590 TFLOP/s effective); ~3.8e-5 ms per context token (147 kB of KV at
+    /// ~3.8 TB/s); a small per-request cost for sampling and per-request kernels.
     fn default() -> Self {
         Self {
-            base_ms: 4.0,
-            per_token_ms: 0.04,
-            per_context_token_ms: 3.0e-5,
+            base_ms: 5.5,
+            per_prefill_token_ms: 0.028,
+            per_decode_request_ms: 0.005,
+            per_context_token_ms: 3.8e-5,
             online_fit: true,
             forgetting: 0.98,
         }
@@ -331,7 +337,8 @@ fn validate_classes(raw: Option<BTreeMap<String, RawClass>>) -> Result<Vec<SloCl
 
 fn validate_step_time(p: &StepTimeProfile) -> Result<()> {
     non_negative("step_time.base_ms", p.base_ms)?;
-    positive("step_time.per_token_ms", p.per_token_ms)?;
+    positive("step_time.per_prefill_token_ms", p.per_prefill_token_ms)?;
+    non_negative("step_time.per_decode_request_ms", p.per_decode_request_ms)?;
     non_negative("step_time.per_context_token_ms", p.per_context_token_ms)?;
     if !(p.forgetting > 0.5 && p.forgetting <= 1.0) {
         return Err(Error::config("step_time.forgetting", format!("{} is not in (0.5, 1]", p.forgetting)));
@@ -425,8 +432,8 @@ mod tests {
                        "default_class": "gold"}"#;
         let err = Config::from_json(text).unwrap_err();
         assert!(err.to_string().contains("classes.gold.ttft_ms"), "{err}");
-        let err = Config::from_json(r#"{"step_time": {"per_token_ms": "fast"}}"#).unwrap_err();
-        assert!(err.to_string().contains("step_time.per_token_ms"), "{err}");
+        let err = Config::from_json(r#"{"step_time": {"per_prefill_token_ms": "fast"}}"#).unwrap_err();
+        assert!(err.to_string().contains("step_time.per_prefill_token_ms"), "{err}");
     }
 
     #[test]

@@ -43,3 +43,4 @@ pub use scheduler::{
     EngineLimits, FinishedRequest, Meridian, NewRequest, Preemption, ReqHandle, SchedulerStats, StepPlan,
 };
 pub use slo::{ClassId, SloClass, SloTargets};
+pub use step_model::{StepCoefficients, StepShape};

@@ -14,7 +14,7 @@ use crate::ledger::{Attainment, ClassCounters, FinishReason, PhaseCountsU64, Req
 use crate::phase::{Phase, PhaseTracker, ReasoningMarkers};
 use crate::predictor::ResidualLength;
 use crate::slo::{ClassId, SloTargets};
-use crate::step_model::{StepSample, StepTimeModel};
+use crate::step_model::{StepCoefficients, StepSample, StepShape, StepTimeModel};
 
 /// Opaque handle of a tracked request: slot index in the low 32 bits, slot generation in the high
 /// 32, so a stale handle of a released request is rejected instead of aliasing a new one.
@@ -228,6 +228,8 @@ struct Slot {
 struct RunningLoad {
     num_context_tokens: u64,
     num_answering: u32,
+    /// Running requests past their prompt: each decodes one token a step.
+    num_decoding: u32,
     num_reserved_blocks: u32,
     /// Tightest answer TPOT target among answering requests (∞ when none answers).
     answer_tpot_ms: f64,
@@ -235,14 +237,24 @@ struct RunningLoad {
     any_tpot_ms: f64,
 }
 
+impl RunningLoad {
+    /// The step the running requests' decodes alone make.
+    fn decodes(&self) -> StepShape {
+        StepShape {
+            num_prefill_tokens: 0,
+            num_decode_requests: self.num_decoding,
+            num_context_tokens: self.num_context_tokens,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct PendingStep {
     step_id: u64,
     scheduled_at_ms: f64,
-    num_context_tokens: u64,
 }
 
-/// Sort key before packing: group (0–5), a group-specific primary key, a tie-break key.
+/// Sort key before packing: group (0–6), a group-specific primary key, a tie-break key.
 type OrderKey = (u8, u64, u32);
 
 /// Lists up to this long sort as packed `u64`s (16 bits of position); longer ones as `u128`s.
@@ -342,7 +354,7 @@ impl Meridian {
     }
 
     /// The step-time model's current coefficients `(base_ms, per_token_ms, per_context_token_ms)`.
-    pub fn step_time_coefficients(&self) -> (f64, f64, f64) {
+    pub fn step_time_coefficients(&self) -> StepCoefficients {
         self.step_model.coefficients()
     }
 
@@ -432,8 +444,7 @@ impl Meridian {
         self.think_len.refresh();
         self.answer_len.refresh();
         let load = self.running_load(running);
-        let num_context_tokens = load.num_context_tokens;
-        let decode_step_ms = self.step_model.predict_ms(running.len() as u32, num_context_tokens);
+        let decode_step_ms = self.step_model.predict_ms(load.decodes());
         let running_order = self.order_running(now_ms, running, decode_step_ms);
         let waiting_order = self.order_waiting(now_ms, waiting, decode_step_ms);
         let num_reserved_blocks = load.num_reserved_blocks;
@@ -444,7 +455,7 @@ impl Meridian {
         self.num_thinking_in_step = running.len() as u32 - load.num_answering;
         let step_id = self.stats.num_steps;
         self.stats.num_steps += 1;
-        self.remember_step(PendingStep { step_id, scheduled_at_ms: now_ms, num_context_tokens });
+        self.remember_step(PendingStep { step_id, scheduled_at_ms: now_ms });
         Ok(StepPlan {
             step_id,
             running_order,
@@ -504,7 +515,7 @@ impl Meridian {
 
     /// Records the end of a step's execution (its output reached the scheduler at `now_ms`) and
     /// folds the measured duration into the step-time model.
-    pub fn on_step_output(&mut self, now_ms: f64, step_id: u64, num_scheduled_tokens: u32) -> Result<()> {
+    pub fn on_step_output(&mut self, now_ms: f64, step_id: u64, shape: StepShape) -> Result<()> {
         let now_ms = check_time_ms("now_ms", now_ms)?;
         while self.pending_steps.front().is_some_and(|p| p.step_id < step_id) {
             self.pending_steps.pop_front();
@@ -518,12 +529,9 @@ impl Meridian {
             // output had arrived; before that the device was busy with the previous step.
             let started_ms =
                 self.last_output_ms.map_or(p.scheduled_at_ms, |last| last.max(p.scheduled_at_ms));
-            if num_scheduled_tokens > 0 && now_ms >= started_ms {
-                self.step_model.observe(StepSample {
-                    num_scheduled_tokens,
-                    num_context_tokens: p.num_context_tokens,
-                    duration_ms: now_ms - started_ms,
-                });
+            let executed = shape.num_prefill_tokens > 0 || shape.num_decode_requests > 0;
+            if executed && now_ms >= started_ms {
+                self.step_model.observe(StepSample { shape, duration_ms: now_ms - started_ms });
                 self.stats.num_step_samples += 1;
             }
         }
@@ -596,9 +604,11 @@ impl Meridian {
         order
     }
 
-    /// Answer queue by next-token deadline; then thinking/prefill by slack while the TTFAT
-    /// deadline is still reachable; then best effort, most sunk work first, so the last entry
-    /// (the victim) is the cheapest to recompute among requests that have already missed.
+    /// Answer queue by next-token deadline; then thinking by slack while the TTFAT deadline is
+    /// still reachable; then prompts being computed, by slack (after every decode, so a long
+    /// chunk never takes the budget a decode needs); then best effort, most sunk work first, so
+    /// the last entry (the victim) is the cheapest to recompute among requests that have
+    /// already missed.
     #[inline]
     fn running_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
         let r = self.hot(handle);
@@ -615,9 +625,9 @@ impl Meridian {
         }
         let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
         if slack_ms >= 0.0 {
-            (1, sortable(slack_ms), more_sunk_first)
+            (if r.has_started { 1 } else { 2 }, sortable(slack_ms), more_sunk_first)
         } else {
-            (2, u64::from(more_sunk_first) << 32, sortable32(r.arrival_ms))
+            (3, u64::from(more_sunk_first) << 32, sortable32(r.arrival_ms))
         }
     }
 
@@ -641,7 +651,9 @@ impl Meridian {
             if r.is_reasoning { self.think_len.expected_remaining(r.num_think_tokens) } else { 0.0 };
         let ttfat_slack = r.arrival_ms + targets.ttfat_ms - now_ms - (expected_think_tokens + 1.0) * step_ms;
         if !r.has_started {
-            let prefill_ms = self.step_model.predict_ms(r.num_tokens, 0);
+            let prefill_ms = self
+                .step_model
+                .predict_ms(StepShape { num_prefill_tokens: r.num_tokens, ..StepShape::default() });
             let ttft_slack = r.arrival_ms + targets.ttft_ms - now_ms - prefill_ms;
             ttfat_slack.min(ttft_slack)
         } else {
@@ -664,16 +676,16 @@ impl Meridian {
         }
         let waited_ms = (now_ms - r.waiting_since_ms).max(0.0);
         if waited_ms >= self.config.starvation_ms {
-            return (3, sortable(r.arrival_ms), 0);
+            return (4, sortable(r.arrival_ms), 0);
         }
         let rank = self.class_table[r.class.index()].1;
         let aged_rank = u64::from(rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8));
         let targets = self.targets(r.class);
         let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
         if slack_ms >= 0.0 {
-            (4, aged_rank << 56 | sortable(slack_ms) >> 8, sortable32(r.arrival_ms))
+            (5, aged_rank << 56 | sortable(slack_ms) >> 8, sortable32(r.arrival_ms))
         } else {
-            (5, aged_rank << 56 | sortable(r.arrival_ms) >> 8, 0)
+            (6, aged_rank << 56 | sortable(r.arrival_ms) >> 8, 0)
         }
     }
 
@@ -685,6 +697,7 @@ impl Meridian {
         let mut load = RunningLoad {
             num_context_tokens: 0,
             num_answering: 0,
+            num_decoding: 0,
             num_reserved_blocks: 0,
             answer_tpot_ms: f64::INFINITY,
             any_tpot_ms: f64::INFINITY,
@@ -694,6 +707,7 @@ impl Meridian {
             let r = self.hot(h);
             let num_tokens = u64::from(r.num_tokens);
             load.num_context_tokens += num_tokens;
+            load.num_decoding += u32::from(r.has_started);
             let tpot_ms = self.class_table[r.class.index()].0.answer_tpot_ms;
             load.any_tpot_ms = load.any_tpot_ms.min(tpot_ms);
             let left_by_limit = u64::from(r.max_tokens.saturating_sub(r.num_output_tokens));
@@ -762,24 +776,24 @@ impl Meridian {
         if self.config.policy != Policy::Meridian {
             return self.limits.max_num_batched_tokens;
         }
-        let num_context_tokens = load.num_context_tokens;
-        let num_answering = load.num_answering;
-        let answer_tpot_ms = load.answer_tpot_ms;
-        let any_tpot_ms = if load.any_tpot_ms.is_finite() {
-            load.any_tpot_ms
-        } else {
-            self.targets(self.config.default_class).answer_tpot_ms
-        };
-        let max_tokens = self.limits.max_num_batched_tokens;
         let headroom = self.config.tpot_headroom;
-        let (budget, floor) = if num_answering > 0 {
-            let tokens = self.step_model.tokens_within(answer_tpot_ms * headroom, num_context_tokens);
-            (u64::from(tokens), num_answering.max(self.config.min_token_budget))
+        let target_ms = if load.num_answering > 0 {
+            load.answer_tpot_ms * headroom
         } else {
-            let tokens = self.step_model.tokens_within(any_tpot_ms * headroom, num_context_tokens);
-            ((f64::from(tokens) * self.config.think_batch_multiplier) as u64, self.config.min_token_budget)
+            let any_tpot_ms = if load.any_tpot_ms.is_finite() {
+                load.any_tpot_ms
+            } else {
+                self.targets(self.config.default_class).answer_tpot_ms
+            };
+            any_tpot_ms * headroom * self.config.think_batch_multiplier
         };
-        budget.max(u64::from(floor)).min(u64::from(max_tokens)) as u32
+        // Every running decode gets its token (Sarathi-Serve's stall-free batching: cutting a
+        // decode saves next to nothing on a memory-bound step and stalls its stream); prompt
+        // chunks fill what is left of the target, never less than the floor.
+        let prefill_tokens = self.step_model.prefill_tokens_within(target_ms, load.decodes());
+        let budget =
+            u64::from(load.num_decoding) + u64::from(prefill_tokens.max(self.config.min_token_budget));
+        budget.min(u64::from(self.limits.max_num_batched_tokens)) as u32
     }
 
     /// PASCAL's token pacer: an answering request that has already shown its first answer token

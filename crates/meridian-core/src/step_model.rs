@@ -1,38 +1,87 @@
-//! The step-time model: `step_ms = base + per_token · scheduled_tokens + per_ctx · context_tokens`,
-//! seeded from a profile and refitted online by recursive least squares with forgetting. It turns
-//! a latency target into a token budget. Invariant: the coefficients used for prediction are
-//! finite, `base` and `per_ctx` are ≥ 0 and `per_token` > 0, so every budget is finite; a fit
-//! that drifts outside that is clamped, and a singular update is skipped.
+//! The step-time model: `step_ms = base + per_prefill_token · prompt tokens computed +
+//! per_decode_request · requests decoding + per_context_token · KV tokens read`, seeded from a
+//! profile and refitted online by recursive least squares with forgetting. Prompt tokens and
+//! decoding requests get separate coefficients because they cost very differently: a prompt
+//! token is compute-bound work, while a decode shares the weight reads of the whole batch, so
+//! one blended per-token cost would overcharge decodes many times over and starve them. It turns
+//! a latency target into a token budget. The fit is exponentially weighted least squares with a
+//! ridge pull toward the seed, re-solved from its sufficient statistics after every step: real
+//! step shapes excite the features poorly (long stretches without prompt tokens, decode count
+//! and context moving together), and where the data says nothing the seed stands instead of the
+//! estimate drifting (plain recursive least squares with forgetting winds up there and then
+//! diverges by orders of magnitude on an ordinary step). Invariant: the coefficients used for
+//! prediction are finite, all are ≥ 0 and `per_prefill_token` > 0, so every budget is finite; a
+//! fit outside that is clamped, and an update that cannot be solved is skipped.
 
 use crate::config::StepTimeProfile;
 
-/// Feature scales keep the least-squares problem well conditioned: tokens in thousands, context
-/// in hundreds of thousands.
-const TOKEN_SCALE: f64 = 1.0e-3;
-const CONTEXT_SCALE: f64 = 1.0e-5;
-/// Smallest per-token cost the fit may reach (ms): keeps budgets finite.
-const MIN_PER_TOKEN_MS: f64 = 1.0e-6;
-/// Initial covariance: how loosely the seed is held, relative to one observation.
-const PRIOR_VARIANCE: f64 = 10.0;
+/// Number of coefficients: base, per prefill token, per decode request, per context token.
+const N: usize = 4;
+/// Feature scales keep the least-squares problem well conditioned: prompt tokens in thousands,
+/// decode requests in hundreds, context in hundreds of thousands.
+const SCALES: [f64; N] = [1.0, 1.0e-3, 1.0e-2, 1.0e-5];
+/// Smallest per-prefill-token cost the fit may reach (ms): keeps budgets finite.
+const MIN_PER_PREFILL_TOKEN_MS: f64 = 1.0e-6;
+/// Weight of the seed in the fit, in (scaled) observations per direction: directions the data
+/// has not excited for a while (their weight decays geometrically) fall back to the seed, while
+/// a few real observations outweigh even a seed that is off by 100×.
+const SEED_WEIGHT: f64 = 1.0e-3;
+
+/// The shape of one step: what its duration depends on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepShape {
+    /// Prompt tokens computed (prefill chunks, recompute after preemption).
+    pub num_prefill_tokens: u32,
+    /// Requests decoding one token.
+    pub num_decode_requests: u32,
+    /// KV context tokens the step read (sum of the scheduled requests' lengths).
+    pub num_context_tokens: u64,
+}
+
+impl StepShape {
+    fn features(self) -> [f64; N] {
+        let raw = [
+            1.0,
+            f64::from(self.num_prefill_tokens),
+            f64::from(self.num_decode_requests),
+            self.num_context_tokens as f64,
+        ];
+        std::array::from_fn(|i| raw[i] * SCALES[i])
+    }
+}
 
 /// One executed step, as the shim observed it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StepSample {
-    /// Tokens scheduled in the step.
-    pub num_scheduled_tokens: u32,
-    /// KV context tokens the step read (sum of the scheduled requests' lengths).
-    pub num_context_tokens: u64,
+    /// What the step computed.
+    pub shape: StepShape,
     /// Measured duration.
     pub duration_ms: f64,
+}
+
+/// Coefficients in natural units (ms per unit).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepCoefficients {
+    /// Fixed cost of a step.
+    pub base_ms: f64,
+    /// Per prompt token computed.
+    pub per_prefill_token_ms: f64,
+    /// Per request decoding.
+    pub per_decode_request_ms: f64,
+    /// Per KV context token read.
+    pub per_context_token_ms: f64,
 }
 
 /// Online-fitted linear step-time model.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepTimeModel {
-    theta: [f64; 3],
-    /// `theta` clamped into the invariant's range, in natural units; what predictions use.
-    coefficients: (f64, f64, f64),
-    covariance: [[f64; 3]; 3],
+    /// The seed, in scaled units: the ridge target.
+    seed: [f64; N],
+    /// Exponentially weighted `Σ x xᵀ` and `Σ x y` of the observed steps.
+    gram: [[f64; N]; N],
+    moment: [f64; N],
+    /// The fit clamped into the invariant's range, in natural units; what predictions use.
+    coefficients: StepCoefficients,
     forgetting: f64,
     online_fit: bool,
     num_samples: u64,
@@ -41,27 +90,26 @@ pub struct StepTimeModel {
 impl StepTimeModel {
     /// A model seeded with `profile`.
     pub fn new(profile: &StepTimeProfile) -> Self {
-        let mut covariance = [[0.0; 3]; 3];
-        for (i, row) in covariance.iter_mut().enumerate() {
-            row[i] = PRIOR_VARIANCE;
-        }
-        let theta = [
+        let natural = [
             profile.base_ms,
-            profile.per_token_ms / TOKEN_SCALE,
-            profile.per_context_token_ms / CONTEXT_SCALE,
+            profile.per_prefill_token_ms,
+            profile.per_decode_request_ms,
+            profile.per_context_token_ms,
         ];
+        let seed = std::array::from_fn(|i| natural[i] / SCALES[i]);
         Self {
-            coefficients: natural_units(theta),
-            theta,
-            covariance,
+            coefficients: natural_units(seed),
+            seed,
+            gram: [[0.0; N]; N],
+            moment: [0.0; N],
             forgetting: profile.forgetting,
             online_fit: profile.online_fit,
             num_samples: 0,
         }
     }
 
-    /// Current coefficients in natural units: `(base_ms, per_token_ms, per_context_token_ms)`.
-    pub fn coefficients(&self) -> (f64, f64, f64) {
+    /// Current coefficients in natural units.
+    pub fn coefficients(&self) -> StepCoefficients {
         self.coefficients
     }
 
@@ -70,66 +118,88 @@ impl StepTimeModel {
         self.num_samples
     }
 
-    /// Predicted duration of a step.
-    pub fn predict_ms(&self, num_tokens: u32, num_context_tokens: u64) -> f64 {
-        let (base, per_token, per_ctx) = self.coefficients();
-        base + per_token * f64::from(num_tokens) + per_ctx * num_context_tokens as f64
+    /// Predicted duration of a step of this shape.
+    pub fn predict_ms(&self, shape: StepShape) -> f64 {
+        let c = self.coefficients;
+        c.base_ms
+            + c.per_prefill_token_ms * f64::from(shape.num_prefill_tokens)
+            + c.per_decode_request_ms * f64::from(shape.num_decode_requests)
+            + c.per_context_token_ms * shape.num_context_tokens as f64
     }
 
-    /// Largest token count whose predicted step time stays within `target_ms` (0 when even an
-    /// empty step would not).
-    pub fn tokens_within(&self, target_ms: f64, num_context_tokens: u64) -> u32 {
-        let (base, per_token, per_ctx) = self.coefficients();
-        let room_ms = target_ms - base - per_ctx * num_context_tokens as f64;
+    /// Largest number of prompt tokens a step that already decodes `decodes` (its requests and
+    /// context) can add while its predicted time stays within `target_ms` (0 when the decodes
+    /// alone do not fit).
+    pub fn prefill_tokens_within(&self, target_ms: f64, decodes: StepShape) -> u32 {
+        let room_ms = target_ms - self.predict_ms(StepShape { num_prefill_tokens: 0, ..decodes });
         if room_ms <= 0.0 {
             return 0;
         }
-        (room_ms / per_token).floor().min(f64::from(u32::MAX)) as u32
+        (room_ms / self.coefficients.per_prefill_token_ms).floor().min(f64::from(u32::MAX)) as u32
     }
 
-    /// Folds one observed step in (recursive least squares with forgetting).
+    /// Folds one observed step in and re-solves the fit.
     pub fn observe(&mut self, sample: StepSample) {
         if !(self.online_fit && sample.duration_ms.is_finite() && sample.duration_ms >= 0.0) {
             return;
         }
-        let x = [
-            1.0,
-            f64::from(sample.num_scheduled_tokens) * TOKEN_SCALE,
-            sample.num_context_tokens as f64 * CONTEXT_SCALE,
-        ];
-        let p = &self.covariance;
-        let px = [dot(&p[0], &x), dot(&p[1], &x), dot(&p[2], &x)];
-        let denom = self.forgetting + dot(&x, &px);
-        if !(denom.is_finite() && denom > 1e-12) {
+        let x = sample.shape.features();
+        let lambda = self.forgetting;
+        let gram: [[f64; N]; N] =
+            std::array::from_fn(|i| std::array::from_fn(|j| lambda * self.gram[i][j] + x[i] * x[j]));
+        let moment: [f64; N] = std::array::from_fn(|i| lambda * self.moment[i] + x[i] * sample.duration_ms);
+        if !gram.iter().flatten().chain(&moment).all(|v| v.is_finite()) {
             return;
         }
-        let gain = [px[0] / denom, px[1] / denom, px[2] / denom];
-        let error = sample.duration_ms - dot(&self.theta, &x);
-        let mut theta = self.theta;
-        for (t, g) in theta.iter_mut().zip(gain) {
-            *t += g * error;
+        self.gram = gram;
+        self.moment = moment;
+        self.num_samples += 1;
+        // Ridge toward the seed: (G + w I) θ = m + w θ_seed.
+        let mut lhs = gram;
+        for (i, row) in lhs.iter_mut().enumerate() {
+            row[i] += SEED_WEIGHT;
         }
-        let mut next = [[0.0; 3]; 3];
-        for (i, row) in next.iter_mut().enumerate() {
-            for (j, cell) in row.iter_mut().enumerate() {
-                *cell = (p[i][j] - gain[i] * px[j]) / self.forgetting;
-            }
-        }
-        if theta.iter().chain(next.iter().flatten()).all(|v| v.is_finite()) {
-            self.theta = theta;
+        let rhs: [f64; N] = std::array::from_fn(|i| moment[i] + SEED_WEIGHT * self.seed[i]);
+        if let Some(theta) = solve_spd(lhs, rhs) {
             self.coefficients = natural_units(theta);
-            self.covariance = next;
-            self.num_samples += 1;
         }
     }
 }
 
-fn natural_units(theta: [f64; 3]) -> (f64, f64, f64) {
-    (theta[0].max(0.0), (theta[1] * TOKEN_SCALE).max(MIN_PER_TOKEN_MS), (theta[2] * CONTEXT_SCALE).max(0.0))
+/// Solves `a x = b` for a symmetric positive-definite `a` (Cholesky); `None` when it is not.
+fn solve_spd(a: [[f64; N]; N], b: [f64; N]) -> Option<[f64; N]> {
+    let mut l = [[0.0; N]; N];
+    for i in 0..N {
+        for j in 0..=i {
+            let sum = a[i][j] - (0..j).map(|k| l[i][k] * l[j][k]).sum::<f64>();
+            if i == j {
+                if sum.is_nan() || sum <= 1e-12 {
+                    return None;
+                }
+                l[i][i] = sum.sqrt();
+            } else {
+                l[i][j] = sum / l[j][j];
+            }
+        }
+    }
+    let mut y = [0.0; N];
+    for i in 0..N {
+        y[i] = (b[i] - (0..i).map(|k| l[i][k] * y[k]).sum::<f64>()) / l[i][i];
+    }
+    let mut x = [0.0; N];
+    for i in (0..N).rev() {
+        x[i] = (y[i] - (i + 1..N).map(|k| l[k][i] * x[k]).sum::<f64>()) / l[i][i];
+    }
+    x.iter().all(|v| v.is_finite()).then_some(x)
 }
 
-fn dot(a: &[f64; 3], b: &[f64; 3]) -> f64 {
-    a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+fn natural_units(theta: [f64; N]) -> StepCoefficients {
+    StepCoefficients {
+        base_ms: theta[0].max(0.0),
+        per_prefill_token_ms: (theta[1] * SCALES[1]).max(MIN_PER_PREFILL_TOKEN_MS),
+        per_decode_request_ms: (theta[2] * SCALES[2]).max(0.0),
+        per_context_token_ms: (theta[3] * SCALES[3]).max(0.0),
+    }
 }
 
 #[cfg(test)]
@@ -139,50 +209,82 @@ mod tests {
     fn profile(online_fit: bool) -> StepTimeProfile {
         StepTimeProfile {
             base_ms: 5.0,
-            per_token_ms: 0.05,
+            per_prefill_token_ms: 0.05,
+            per_decode_request_ms: 0.01,
             per_context_token_ms: 1e-5,
             online_fit,
             forgetting: 0.98,
         }
     }
 
+    fn shape(num_prefill_tokens: u32, num_decode_requests: u32, num_context_tokens: u64) -> StepShape {
+        StepShape { num_prefill_tokens, num_decode_requests, num_context_tokens }
+    }
+
     #[test]
     fn seed_predicts_and_inverts() {
         let m = StepTimeModel::new(&profile(false));
-        assert!((m.predict_ms(100, 100_000) - 11.0).abs() < 1e-9);
-        assert_eq!(m.tokens_within(11.0, 100_000), 100);
-        assert_eq!(m.tokens_within(4.0, 0), 0);
+        assert!((m.predict_ms(shape(100, 100, 100_000)) - 12.0).abs() < 1e-9);
+        // 100 decodes over 100k context take 7 ms; 4 ms more room is 80 prompt tokens.
+        assert_eq!(m.prefill_tokens_within(11.0, shape(0, 100, 100_000)), 80);
+        assert_eq!(m.prefill_tokens_within(4.0, shape(0, 0, 0)), 0);
     }
 
     #[test]
     fn online_fit_recovers_true_coefficients() {
         let mut m = StepTimeModel::new(&profile(true));
-        let truth = |tokens: u32, ctx: u64| 2.0 + 0.01 * f64::from(tokens) + 2e-5 * ctx as f64;
+        let truth = |s: StepShape| {
+            2.0 + 0.01 * f64::from(s.num_prefill_tokens)
+                + 0.03 * f64::from(s.num_decode_requests)
+                + 2e-5 * s.num_context_tokens as f64
+        };
         let mut state = 12345u64;
-        for _ in 0..3000 {
+        for _ in 0..4000 {
             state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let tokens = 1 + (state >> 40) as u32 % 4096;
-            let ctx = (state >> 20) % 400_000;
-            m.observe(StepSample {
-                num_scheduled_tokens: tokens,
-                num_context_tokens: ctx,
-                duration_ms: truth(tokens, ctx),
-            });
+            let s = shape((state >> 40) as u32 % 4096, (state >> 28) as u32 % 256, (state >> 8) % 400_000);
+            m.observe(StepSample { shape: s, duration_ms: truth(s) });
         }
-        let (base, per_token, per_ctx) = m.coefficients();
-        assert!((base - 2.0).abs() < 0.05, "base {base}");
-        assert!((per_token - 0.01).abs() < 1e-4, "per_token {per_token}");
-        assert!((per_ctx - 2e-5).abs() < 1e-6, "per_ctx {per_ctx}");
+        let c = m.coefficients();
+        assert!((c.base_ms - 2.0).abs() < 0.05, "{c:?}");
+        assert!((c.per_prefill_token_ms - 0.01).abs() < 1e-4, "{c:?}");
+        assert!((c.per_decode_request_ms - 0.03).abs() < 1e-3, "{c:?}");
+        assert!((c.per_context_token_ms - 2e-5).abs() < 1e-6, "{c:?}");
+    }
+
+    #[test]
+    fn poorly_excited_steps_never_wind_the_fit_up() {
+        // Long stretches of near-identical decode steps, then a rare prompt chunk: the fit must
+        // keep predicting both within a few percent instead of diverging.
+        let mut m = StepTimeModel::new(&profile(true));
+        let truth = |s: StepShape| {
+            18.0 + 0.12 * f64::from(s.num_prefill_tokens.saturating_sub(150))
+                + 0.04 * f64::from(s.num_decode_requests)
+                + 7e-5 * s.num_context_tokens as f64
+        };
+        let mut state = 7u64;
+        for i in 0..50_000u64 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let decodes = 10 + (i / 5_000) as u32;
+            let prefill = if i % 997 == 0 { 200 + (state >> 50) as u32 % 2_000 } else { 0 };
+            let s = shape(prefill, decodes, u64::from(decodes) * 2_000 + (state >> 40) % 500);
+            m.observe(StepSample { shape: s, duration_ms: truth(s) });
+            let c = m.coefficients();
+            assert!(c.per_decode_request_ms < 1.0 && c.per_prefill_token_ms < 1.0, "step {i}: {c:?}");
+        }
+        let decode = shape(0, 19, 38_000);
+        let err = (m.predict_ms(decode) - truth(decode)).abs() / truth(decode);
+        assert!(err < 0.05, "decode prediction off by {err}");
     }
 
     #[test]
     fn garbage_samples_never_break_the_invariant() {
         let mut m = StepTimeModel::new(&profile(true));
         for d in [f64::NAN, -1.0, f64::INFINITY, 0.0, 1e12] {
-            m.observe(StepSample { num_scheduled_tokens: 1, num_context_tokens: 0, duration_ms: d });
+            m.observe(StepSample { shape: shape(1, 1, 0), duration_ms: d });
         }
-        let (base, per_token, per_ctx) = m.coefficients();
-        assert!(base.is_finite() && base >= 0.0 && per_token > 0.0 && per_ctx >= 0.0);
-        assert!(m.tokens_within(50.0, 1000) < u32::MAX);
+        let c = m.coefficients();
+        assert!(c.base_ms.is_finite() && c.base_ms >= 0.0 && c.per_prefill_token_ms > 0.0);
+        assert!(c.per_decode_request_ms >= 0.0 && c.per_context_token_ms >= 0.0);
+        assert!(m.prefill_tokens_within(50.0, shape(0, 10, 1000)) < u32::MAX);
     }
 }

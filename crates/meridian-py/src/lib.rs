@@ -253,9 +253,18 @@ impl PyMeridian {
         Ok(())
     }
 
-    /// Records a step's output arrival and folds its duration into the step-time model.
-    fn on_step_output(&mut self, now_ms: f64, step_id: u64, num_scheduled_tokens: u32) -> PyResult<()> {
-        self.inner.on_step_output(now_ms, step_id, num_scheduled_tokens).map_err(to_py)
+    /// Records a step's output arrival and folds its duration, with the step's shape (prompt
+    /// tokens computed, requests decoding, KV context tokens read), into the step-time model.
+    fn on_step_output(
+        &mut self,
+        now_ms: f64,
+        step_id: u64,
+        num_prefill_tokens: u32,
+        num_decode_requests: u32,
+        num_context_tokens: u64,
+    ) -> PyResult<()> {
+        let shape = core::StepShape { num_prefill_tokens, num_decode_requests, num_context_tokens };
+        self.inner.on_step_output(now_ms, step_id, shape).map_err(to_py)
     }
 
     /// Stops tracking a request; `reason` is `stopped`, `length`, `aborted` or `error`.
@@ -335,9 +344,11 @@ impl PyMeridian {
         Ok(out)
     }
 
-    /// Current step-time coefficients `(base_ms, per_token_ms, per_context_token_ms)`.
-    fn step_time_coefficients(&self) -> (f64, f64, f64) {
-        self.inner.step_time_coefficients()
+    /// Current step-time coefficients
+    /// `(base_ms, per_prefill_token_ms, per_decode_request_ms, per_context_token_ms)`.
+    fn step_time_coefficients(&self) -> (f64, f64, f64, f64) {
+        let c = self.inner.step_time_coefficients();
+        (c.base_ms, c.per_prefill_token_ms, c.per_decode_request_ms, c.per_context_token_ms)
     }
 }
 

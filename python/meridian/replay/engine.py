@@ -106,15 +106,17 @@ def meridian_seed_step_time(profile: Profile) -> dict[str, float]:
     who knows the hardware would configure (Meridian refits it online from the steps anyway)."""
     base_ms = profile.step_time_ms(StepBatch(0, 1, 0))
     num_tokens = profile.max_num_batched_tokens
-    per_token_ms = (profile.step_time_ms(StepBatch(num_tokens, 0, num_tokens)) - base_ms) / num_tokens
+    per_prefill_ms = (profile.step_time_ms(StepBatch(num_tokens, 0, num_tokens)) - base_ms) / num_tokens
+    num_decodes = min(profile.max_num_seqs, 256)
+    per_decode_ms = (profile.step_time_ms(StepBatch(0, num_decodes, 0)) - base_ms) / (num_decodes - 1 or 1)
     num_context = 1_000_000
     per_context_ms = (profile.step_time_ms(StepBatch(0, 1, num_context)) - base_ms) / num_context
-    # Meridian's seed wants positive coefficients; a flat profile gets a negligible slope.
-    tiny = 1e-9
+    # Meridian's seed wants a positive prompt-token cost; a flat profile gets a negligible one.
     return {
-        "base_ms": max(base_ms, tiny),
-        "per_token_ms": max(per_token_ms, tiny),
-        "per_context_token_ms": max(per_context_ms, tiny),
+        "base_ms": max(base_ms, 0.0),
+        "per_prefill_token_ms": max(per_prefill_ms, 1e-9),
+        "per_decode_request_ms": max(per_decode_ms, 0.0),
+        "per_context_token_ms": max(per_context_ms, 0.0),
     }
 
 

@@ -40,7 +40,7 @@ logger = logging.getLogger("meridian")
 HANDLE_ATTR = "meridian_handle"
 #: Attribute holding the core's step id on a ``SchedulerOutput``.
 STEP_ATTR = "meridian_step_id"
-#: Attribute holding (scheduled-at ms, batch shape) on a ``SchedulerOutput`` when steps are logged.
+#: Attribute holding (scheduled-at ms, batch shape) on a ``SchedulerOutput``.
 SHAPE_ATTR = "meridian_step_shape"
 #: Finished-request reports kept for inspection (tests, the demo, operators' debugging).
 MAX_REPORTS = 10_000
@@ -128,8 +128,7 @@ class MeridianScheduler(AsyncScheduler):
             self.waiting.close_gate()
             self.running.extend(held)
         setattr(output, STEP_ATTR, plan.step_id)
-        if self._step_log is not None:
-            setattr(output, SHAPE_ATTR, (self.clock_ms(), convert.step_shape(output, self.requests)))
+        setattr(output, SHAPE_ATTR, (self.clock_ms(), convert.step_shape(output, self.requests)))
         if output.preempted_req_ids:
             self._record_preemptions(output.preempted_req_ids)
         return output
@@ -140,8 +139,12 @@ class MeridianScheduler(AsyncScheduler):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         now_ms = self.clock_ms()
         step_id = getattr(scheduler_output, STEP_ATTR, None)
-        if step_id is not None:
-            self.meridian.on_step_output(now_ms, step_id, scheduler_output.total_num_scheduled_tokens)
+        shaped = getattr(scheduler_output, SHAPE_ATTR, None)
+        if step_id is not None and shaped is not None:
+            shape = shaped[1]
+            self.meridian.on_step_output(
+                now_ms, step_id, shape["num_prefill_tokens"], shape["num_decode_requests"], shape["num_context_tokens"]
+            )
         self._record_tokens(now_ms, outputs.values())
         self._log_step(now_ms, scheduler_output)
         self._emit_rejections(outputs)

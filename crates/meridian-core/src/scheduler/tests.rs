@@ -157,32 +157,35 @@ fn an_idle_engine_always_lets_the_head_try() {
 #[test]
 fn budget_is_capped_by_answer_tpot_and_relaxed_without_answers() {
     let config = Config::from_json(
-        r#"{"step_time": {"base_ms": 10, "per_token_ms": 0.1, "per_context_token_ms": 0, "online_fit": false},
-            "tpot_headroom": 1.0, "min_token_budget": 4}"#,
+        r#"{"step_time": {"base_ms": 10, "per_prefill_token_ms": 0.1, "per_decode_request_ms": 0,
+            "per_context_token_ms": 0, "online_fit": false}, "tpot_headroom": 1.0, "min_token_budget": 4}"#,
     )
     .unwrap();
     let mut core = engine_with(config);
     let t = add_class(&mut core, "t", 0.0, 16, Some("interactive"));
     think(&mut core, 1.0, t, 1);
-    // interactive answer TPOT 50 ms: (50 - 10) / 0.1 = 400 tokens; ×2.5 without answers.
+    // Without answers a step may take 2.5 × the interactive 50 ms: one decode plus
+    // (125 - 10) / 0.1 = 1,150 prompt tokens.
     let plan = core.plan_step(2.0, &[t], &[], 1000).unwrap();
-    assert_eq!(plan.token_budget, 1000);
+    assert_eq!(plan.token_budget, 1 + 1150);
+    // While one answers, 50 ms: both decodes plus (50 - 10) / 0.1 = 400 prompt tokens.
     let a = add_class(&mut core, "a", 0.0, 16, Some("interactive"));
     core.on_tokens(3.0, a, &[END, WORD]).unwrap();
     let plan = core.plan_step(4.0, &[t, a], &[], 1000).unwrap();
-    assert_eq!(plan.token_budget, 400);
+    assert_eq!(plan.token_budget, 2 + 400);
 }
 
 #[test]
 fn budget_never_exceeds_the_engine_limit_nor_falls_below_the_floor() {
     let config = Config::from_json(
-        r#"{"step_time": {"base_ms": 1000, "per_token_ms": 1, "online_fit": false}, "min_token_budget": 8}"#,
+        r#"{"step_time": {"base_ms": 1000, "per_prefill_token_ms": 1, "online_fit": false}, "min_token_budget": 8}"#,
     )
     .unwrap();
     let mut core = engine_with(config);
     let a = add(&mut core, "a", 0.0, 16);
     core.on_tokens(1.0, a, &[END]).unwrap();
-    assert_eq!(core.plan_step(2.0, &[a], &[], 10).unwrap().token_budget, 8);
+    // No room for prompt tokens at all: the decode plus the floor.
+    assert_eq!(core.plan_step(2.0, &[a], &[], 10).unwrap().token_budget, 1 + 8);
 }
 
 #[test]
@@ -265,19 +268,23 @@ fn bad_input_gets_named_errors() {
 
 #[test]
 fn step_outputs_fit_the_step_time_model() {
-    let config = Config::from_json(r#"{"step_time": {"base_ms": 100, "per_token_ms": 1}}"#).unwrap();
+    let config = Config::from_json(r#"{"step_time": {"base_ms": 100, "per_prefill_token_ms": 1}}"#).unwrap();
     let mut core = engine_with(config);
     let a = add(&mut core, "a", 0.0, 16);
     let mut now = 0.0;
     for i in 0..400u32 {
         let plan = core.plan_step(now, &[a], &[], 100).unwrap();
         let tokens = 1 + (i * 37) % 500;
-        now += 2.0 + 0.01 * f64::from(tokens);
-        core.on_step_output(now, plan.step_id, tokens).unwrap();
+        let decodes = (i * 11) % 64;
+        now += 2.0 + 0.01 * f64::from(tokens) + 0.05 * f64::from(decodes);
+        let shape =
+            StepShape { num_prefill_tokens: tokens, num_decode_requests: decodes, num_context_tokens: 0 };
+        core.on_step_output(now, plan.step_id, shape).unwrap();
     }
-    let (base, per_token, _) = core.step_time_coefficients();
-    assert!((base - 2.0).abs() < 0.5, "base {base}");
-    assert!((per_token - 0.01).abs() < 2e-3, "per_token {per_token}");
+    let c = core.step_time_coefficients();
+    assert!((c.base_ms - 2.0).abs() < 0.5, "{c:?}");
+    assert!((c.per_prefill_token_ms - 0.01).abs() < 2e-3, "{c:?}");
+    assert!((c.per_decode_request_ms - 0.05).abs() < 1e-2, "{c:?}");
     assert_eq!(core.stats().num_step_samples, 400);
 }
 
@@ -409,7 +416,8 @@ proptest! {
                 }
                 Op::Output { tokens } => {
                     if let Some(step) = last_step.take() {
-                        core.on_step_output(now, step, tokens).unwrap();
+                        let shape = StepShape { num_prefill_tokens: tokens, ..StepShape::default() };
+                        core.on_step_output(now, step, shape).unwrap();
                     }
                 }
                 _ => {}
