@@ -19,5 +19,9 @@ def test_one_abi3_wheel_with_extension_stub_and_marker() -> None:
     assert "-abi3-" in wheels[0].name
     names = set(zipfile.ZipFile(wheels[0]).namelist())
     assert any(n.startswith("meridian/_core.") and n.endswith(".so") for n in names), names
-    for required in ("meridian/_core.pyi", "meridian/py.typed", "meridian/vllm/scheduler.py", "meridian/errors.py"):
+    for required in (
+        "meridian/_core.pyi", "meridian/py.typed", "meridian/vllm/scheduler.py", "meridian/errors.py",
+        "meridian/replay/data/reasoning_classes.json", "meridian/replay/data/ATTRIBUTION.md",
+        "meridian/replay/profiles/h200-qwen3-32b.json",
+    ):
         assert required in names, required

@@ -476,7 +476,8 @@ impl Meridian {
         request.ledger.num_preemptions.bump(phase);
         request.preempted = true;
         request.waiting_since_ms = now_ms;
-        let alarm = phase == Phase::Answer && thinking_left > 0;
+        // PASCAL preempts answers first on purpose: there it is the policy, not a failure.
+        let alarm = phase == Phase::Answer && thinking_left > 0 && self.config.policy != Policy::Pascal;
         self.refresh_hot(handle);
         if phase != Phase::Answer {
             self.num_thinking_in_step = thinking_left.saturating_sub(1);

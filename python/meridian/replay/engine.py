@@ -171,6 +171,9 @@ class ReplayEngine:
         self._num_rejected = 0
         self._alarms = 0
         self._num_steps = 0
+        #: Passes of the busy loop so far (one ``step_with_batch_queue`` call each, plus idle
+        #: jumps); arrivals are added at the top of a pass, as ``EngineCore`` does between steps.
+        self.num_loop_passes = 0
 
     def _build_scheduler(self, meridian_config: dict[str, Any], model_dir: Path) -> Any:
         additional: dict[str, Any] = {}
@@ -201,6 +204,7 @@ class ReplayEngine:
         """Runs until every admitted request has finished."""
         pending = deque(self.requests)
         while pending or self.scheduler.has_requests() or self.batch_queue:
+            self.num_loop_passes += 1
             while pending and pending[0].arrival_ms <= self.now_ms:
                 self._add(pending.popleft())
             if not self.scheduler.has_requests() and not self.batch_queue:
@@ -232,10 +236,11 @@ class ReplayEngine:
             output, sampled, finish_ms = self.batch_queue.pop()
             self.now_ms = max(self.now_ms, finish_ms)
             self._apply(output, sampled)
-            if output.total_num_scheduled_tokens == 0 and not self.batch_queue and self.scheduler.has_requests():
+            device_idle = all(queued.total_num_scheduled_tokens == 0 for queued, _, _ in self.batch_queue)
+            if output.total_num_scheduled_tokens == 0 and device_idle and self.scheduler.has_requests():
                 # Requests wait (e.g. paced answers) with the device idle: the real engine would
                 # spin on the wall clock; the virtual one moves on a tick.
-                self.now_ms += IDLE_TICK_MS
+                self.now_ms = max(self.now_ms, self.device_free_ms) + IDLE_TICK_MS
 
     def _schedule(self) -> Any:
         # The observer "plans" the same running set only so that its preemption bookkeeping

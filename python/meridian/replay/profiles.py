@@ -280,7 +280,8 @@ def _check_sources(source: str, sources: Mapping[str, str], numeric_keys: Sequen
 
 def _check_capacity(source: str, data: Mapping[str, Any]) -> None:
     """vLLM refuses to start unless one request of ``max_model_len`` tokens fits in the KV cache."""
-    capacity = data["num_kv_blocks"] * data["block_size"]
+    # vLLM keeps one block back (the null block) before checking that a full-length request fits.
+    capacity = (data["num_kv_blocks"] - 1) * data["block_size"]
     if capacity < data["max_model_len"]:
         raise ProfileError(
             f"profile {source}: key 'num_kv_blocks' gives {capacity} KV tokens "

@@ -94,6 +94,9 @@ def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
         device_config=DeviceConfig(device="cpu"),
         additional_config=spec.additional_config,
     )
+    # vLLM's CPU platform turns async scheduling off ("not required on CPU"); the engines here
+    # stand in for a GPU engine, whose batch queue of two is what they model.
+    vllm_config.scheduler_config.async_scheduling = spec.async_scheduling
     kv_cache_config = KVCacheConfig(
         num_blocks=spec.num_blocks,
         kv_cache_tensors=[],

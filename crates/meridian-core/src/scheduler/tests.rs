@@ -510,3 +510,16 @@ fn pascal_runs_reasoning_first_and_paces_answers_at_their_tpot_target() {
     let later = core.plan_step(200.0, &[paced, fresh_answer, thinking], &[], 1000).unwrap();
     assert!(later.held.is_empty(), "once its pace is due it runs");
 }
+
+#[test]
+fn pascal_preempting_an_answer_is_its_policy_not_an_alarm() {
+    let mut core = engine_with_policy("pascal");
+    let a = add(&mut core, "a", 0.0, 16);
+    let t = add(&mut core, "t", 0.0, 16);
+    core.on_tokens(1.0, a, &[END, WORD]).unwrap();
+    think(&mut core, 1.0, t, 1);
+    core.plan_step(2.0, &[t, a], &[], 10).unwrap();
+    let preemption = core.on_preempted(2.0, a).unwrap();
+    assert_eq!(preemption.phase, Phase::Answer);
+    assert!(!preemption.alarm);
+}
