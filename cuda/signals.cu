@@ -28,6 +28,9 @@ extern "C" __global__ void update_signals(
     float local = rpdi_local_rate[slot];
     for (int r = row_offsets[i]; r < row_offsets[i + 1]; ++r) {
         const float x = entropy[r];
+        // A non-finite or impossible entropy (no vocabulary reaches 32 nats) would poison the
+        // EMAs for good: skip the row, exactly as the CPU decider does.
+        if (!(fabsf(x) <= 32.0f)) continue;
         if (row_is_probe[r]) {
             if (count == 0) {
                 mean = x;

@@ -9,6 +9,7 @@ import pytest
 
 from meridian._core import kernel_source
 from meridian.kernels import KERNEL_FILES, SignalState, logits_stats_reference, update_signals_reference
+from meridian.kernels.launch import NVRTC_OPTIONS
 
 
 @pytest.mark.parametrize("name", KERNEL_FILES)
@@ -18,7 +19,7 @@ def test_kernel_compiles_for_sm90_with_nvrtc(name: str) -> None:
     source = kernel_source(name)
     program = nvrtc.createProgram(source, name, [], [])
     try:
-        nvrtc.compileProgram(program, ["--gpu-architecture=compute_90", "-std=c++17"])
+        nvrtc.compileProgram(program, ["--gpu-architecture=compute_90", *NVRTC_OPTIONS])
     except nvrtc.NVRTCError as exc:  # pragma: no cover - the log is the useful part
         pytest.fail(f"{name} does not compile:\n{nvrtc.getProgramLog(program)}\n{exc}")
     ptx = nvrtc.getPTX(program)
@@ -79,3 +80,12 @@ def test_signal_reference_on_a_hand_made_sequence() -> None:
     with pytest.raises(ValueError, match="distinct"):
         update_signals_reference(state, [1.0, 1.0], [0, 0], [1, 1], [0, 1, 2],
                                  eat_alpha=0.5, high_entropy_nats=1.0, rpdi_alpha=0.25)
+
+
+def test_signal_reference_skips_non_finite_and_impossible_entropies() -> None:
+    state = SignalState.zeros(1)
+    update_signals_reference(state, [1.0, np.nan, np.inf, 40.0, 3.0, np.nan], [1, 1, 0, 0, 1, 0], [0], [0, 6],
+                             eat_alpha=0.5, high_entropy_nats=1.0, rpdi_alpha=0.25)
+    # Only the probes 1.0 and 3.0 count: mean 2, var 1; no ordinary row survives.
+    assert (state.eat_mean[0], state.eat_var[0], state.eat_count[0]) == (2.0, 1.0, 2)
+    assert (state.rpdi_num_tokens[0], state.rpdi_num_high[0], state.rpdi_local_rate[0]) == (0, 0, 0.0)

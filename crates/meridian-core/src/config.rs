@@ -1,7 +1,8 @@
-//! Operator configuration: SLO classes, the priority → class map, the step-time seed profile and
-//! the policy knobs. A [`Config`] only exists validated: [`Config::from_json`] rejects unknown
-//! keys and out-of-range values with an [`Error::InvalidConfig`] that names the dotted key, so a
-//! bad `--additional-config` stops vLLM at start-up instead of misbehaving under load.
+//! Operator configuration: SLO classes, the priority → class map, the step-time seed profile, the
+//! policy knobs and thinking control (off unless configured, for all classes or per class). A
+//! [`Config`] only exists validated: [`Config::from_json`] rejects unknown keys and out-of-range
+//! values with an [`Error::InvalidConfig`] that names the dotted key, so a bad
+//! `--additional-config` stops vLLM at start-up instead of misbehaving under load.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::slo::{ClassId, SloClass, SloTargets};
+use crate::thinking::ThinkingControl;
 
 /// What happens to the KV blocks of a finished reasoning request from the start of its reasoning on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -87,6 +89,8 @@ struct RawClass {
     #[serde(default)]
     e2e_ms: Option<f64>,
     rank: u8,
+    #[serde(default)]
+    thinking_control: Option<ThinkingControl>,
 }
 
 /// Raw configuration as deserialized from JSON; every field is optional.
@@ -112,6 +116,7 @@ struct RawConfig {
     answer_tokens_prior: Option<Vec<u32>>,
     request_log_path: Option<String>,
     step_log_path: Option<String>,
+    thinking_control: Option<ThinkingControl>,
 }
 
 /// Validated configuration of the policy.
@@ -158,6 +163,12 @@ pub struct Config {
     /// File the shim appends one JSON line to per engine step (batch shape and measured time), for
     /// fitting a replay profile to real hardware, if set.
     pub step_log_path: Option<String>,
+    /// Thinking control of every class that sets none of its own (key `thinking_control`; every
+    /// rule off by default).
+    pub thinking_control: ThinkingControl,
+    /// Per class (indexed by [`ClassId`]): the class's own `classes.<name>.thinking_control`,
+    /// which replaces the top-level object as a whole (`{}` turns every rule off for the class).
+    pub class_thinking_control: Vec<Option<ThinkingControl>>,
 }
 
 /// Quantiles of production DeepSeek-R1 thinking lengths (ServeGen, `traces/REASONING.md`):
@@ -200,13 +211,21 @@ impl Config {
         }
     }
 
+    /// The thinking control in force for a class: its own, else the top-level one.
+    pub fn thinking_control_for(&self, class: ClassId) -> &ThinkingControl {
+        match self.class_thinking_control.get(class.index()) {
+            Some(Some(own)) => own,
+            _ => &self.thinking_control,
+        }
+    }
+
     /// Comma-separated class names, for error messages.
     pub fn class_names(&self) -> String {
         self.classes.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
     }
 
     fn from_raw(raw: RawConfig) -> Result<Self> {
-        let classes = validate_classes(raw.classes)?;
+        let (classes, class_thinking_control) = validate_classes(raw.classes)?;
         let class_id = |key: &str, name: &str| -> Result<ClassId> {
             classes
                 .iter()
@@ -234,6 +253,8 @@ impl Config {
         };
         let step_time = raw.step_time.unwrap_or_default();
         validate_step_time(&step_time)?;
+        let thinking_control = raw.thinking_control.unwrap_or_default();
+        thinking_control.validate("thinking_control")?;
         let config = Self {
             policy: raw.policy.unwrap_or(Policy::Meridian),
             classes,
@@ -266,6 +287,8 @@ impl Config {
             )?,
             request_log_path: log_path("request_log_path", raw.request_log_path)?,
             step_log_path: log_path("step_log_path", raw.step_log_path)?,
+            thinking_control,
+            class_thinking_control,
         };
         Ok(config)
     }
@@ -306,8 +329,15 @@ fn default_priority_map(classes: &[SloClass]) -> Vec<(i64, ClassId)> {
     }
 }
 
-fn validate_classes(raw: Option<BTreeMap<String, RawClass>>) -> Result<Vec<SloClass>> {
-    let Some(raw) = raw else { return Ok(default_classes()) };
+/// Validated classes, and each class's own thinking control (same order).
+type ValidatedClasses = (Vec<SloClass>, Vec<Option<ThinkingControl>>);
+
+fn validate_classes(raw: Option<BTreeMap<String, RawClass>>) -> Result<ValidatedClasses> {
+    let Some(raw) = raw else {
+        let classes = default_classes();
+        let no_overrides = vec![None; classes.len()];
+        return Ok((classes, no_overrides));
+    };
     if raw.is_empty() {
         return Err(Error::config("classes", "at least one SLO class is required"));
     }
@@ -321,7 +351,10 @@ fn validate_classes(raw: Option<BTreeMap<String, RawClass>>) -> Result<Vec<SloCl
                 Some(v) => Some(positive_key(&key("e2e_ms"), v)?),
                 None => None,
             };
-            Ok(SloClass {
+            if let Some(thinking) = &c.thinking_control {
+                thinking.validate(&key("thinking_control"))?;
+            }
+            let class = SloClass {
                 targets: SloTargets {
                     ttft_ms: positive_key(&key("ttft_ms"), c.ttft_ms)?,
                     ttfat_ms: positive_key(&key("ttfat_ms"), c.ttfat_ms)?,
@@ -330,9 +363,11 @@ fn validate_classes(raw: Option<BTreeMap<String, RawClass>>) -> Result<Vec<SloCl
                 },
                 name,
                 rank: c.rank,
-            })
+            };
+            Ok((class, c.thinking_control))
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()
+        .map(|pairs| pairs.into_iter().unzip())
 }
 
 fn validate_step_time(p: &StepTimeProfile) -> Result<()> {
@@ -410,6 +445,7 @@ fn non_empty_prior(key: &str, given: Option<Vec<u32>>, default: &[u32]) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::thinking::{EatRule, LoadAwareBudget, ProxyRule, RpdiRule};
 
     #[test]
     fn empty_object_gives_defaults() {
@@ -450,6 +486,92 @@ mod tests {
         assert_eq!(name(-1), "interactive");
         assert_eq!(name(0), "standard");
         assert_eq!(name(7), "batch");
+    }
+
+    #[test]
+    fn thinking_control_is_off_by_default() {
+        let config = Config::default();
+        assert!(!config.thinking_control.is_enabled());
+        assert_eq!(config.class_thinking_control, vec![None, None, None]);
+        for class in 0..config.classes.len() {
+            assert!(!config.thinking_control_for(ClassId(class as u8)).is_enabled());
+        }
+    }
+
+    #[test]
+    fn thinking_control_parses_the_documented_example() {
+        let text = r#"{"thinking_control": {
+            "budget_tokens": 8192,
+            "load_aware": {"budget_tokens": 4096, "min_budget_tokens": 512, "attainment_floor": 0.9},
+            "eat": {"alpha": 0.2, "variance_threshold": 1.25e-4, "min_lines": 25},
+            "proxy": {"end_prob_threshold": 0.1, "max_end_rank": 0, "min_tokens": 128},
+            "rpdi": {"high_entropy_nats": 2.0, "alpha": 0.02, "ratio_threshold": 3.0, "min_tokens": 512},
+            "closing": {"closing_text": "Considering the limited time, I will answer now.\n"}
+        }}"#;
+        let config = Config::from_json(text).unwrap();
+        let tc = &config.thinking_control;
+        assert_eq!(tc.budget_tokens, Some(8192));
+        assert_eq!(tc.load_aware, Some(LoadAwareBudget::default()));
+        assert_eq!(tc.eat, Some(EatRule::default()));
+        assert_eq!(tc.proxy, Some(ProxyRule::default()));
+        assert_eq!(tc.rpdi, Some(RpdiRule::default()));
+        assert_eq!(
+            tc.closing.closing_text.as_deref(),
+            Some("Considering the limited time, I will answer now.\n")
+        );
+        // An empty object per rule turns it on with the defaults; null keeps it off.
+        let config = Config::from_json(r#"{"thinking_control": {"eat": {}, "rpdi": null}}"#).unwrap();
+        assert_eq!(config.thinking_control.eat, Some(EatRule::default()));
+        assert_eq!(config.thinking_control.rpdi, None);
+        let config = Config::from_json(r#"{"thinking_control": {"proxy": {"max_end_rank": null}}}"#).unwrap();
+        assert_eq!(config.thinking_control.proxy.unwrap().max_end_rank, None);
+    }
+
+    #[test]
+    fn thinking_control_errors_name_the_dotted_key_and_value() {
+        let err = |text: &str| Config::from_json(text).unwrap_err().to_string();
+        let msg = err(r#"{"thinking_control": {"eat": {"alpha": 1.5}}}"#);
+        assert!(
+            msg.contains("`thinking_control.eat.alpha`") && msg.contains("1.5 is not in (0, 1)"),
+            "{msg}"
+        );
+        let msg = err(r#"{"thinking_control": {"eat": {"alpah": 0.2}}}"#);
+        assert!(msg.contains("thinking_control.eat") && msg.contains("alpah"), "{msg}");
+        let msg = err(r#"{"thinking_control": {"budget_tokens": -5}}"#);
+        assert!(msg.contains("thinking_control.budget_tokens"), "{msg}");
+        let msg = err(r#"{"thinking_control": {"proxy": {"end_prob_threshold": 0}}}"#);
+        assert!(
+            msg.contains("thinking_control.proxy.end_prob_threshold") && msg.contains("0 is not"),
+            "{msg}"
+        );
+        let msg = err(r#"{"thinking_control": {"rpdi": {"ratio_threshold": 0.5}}}"#);
+        assert!(msg.contains("thinking_control.rpdi.ratio_threshold") && msg.contains("0.5"), "{msg}");
+        let msg = err(r#"{"thinking_control": {"load_aware": {"attainment_floor": 1.2}}}"#);
+        assert!(msg.contains("thinking_control.load_aware.attainment_floor") && msg.contains("1.2"), "{msg}");
+        let msg = err(r#"{"thinking_control": {"closing": {"closing_text": ""}}}"#);
+        assert!(msg.contains("thinking_control.closing.closing_text"), "{msg}");
+    }
+
+    #[test]
+    fn a_class_thinking_control_replaces_the_top_level_one() {
+        let text = r#"{"thinking_control": {"budget_tokens": 4000},
+                       "classes": {
+                         "gold": {"ttft_ms": 500, "ttfat_ms": 5000, "answer_tpot_ms": 40, "rank": 0,
+                                  "thinking_control": {"eat": {}}},
+                         "lead": {"ttft_ms": 5000, "ttfat_ms": 50000, "answer_tpot_ms": 400, "rank": 1},
+                         "free": {"ttft_ms": 5000, "ttfat_ms": 50000, "answer_tpot_ms": 400, "rank": 2,
+                                  "thinking_control": {}}
+                       },
+                       "default_class": "lead"}"#;
+        let config = Config::from_json(text).unwrap();
+        let for_class = |name| config.thinking_control_for(config.class_by_name(name).unwrap());
+        assert_eq!(for_class("gold").budget_tokens, None, "replaced, not merged");
+        assert_eq!(for_class("gold").eat, Some(EatRule::default()));
+        assert_eq!(for_class("lead").budget_tokens, Some(4000), "no override: the top level");
+        assert!(!for_class("free").is_enabled(), "an empty override turns everything off");
+        let bad = text.replace(r#""eat": {}"#, r#""eat": {"min_lines": 0}"#);
+        let msg = Config::from_json(&bad).unwrap_err().to_string();
+        assert!(msg.contains("classes.gold.thinking_control.eat.min_lines"), "{msg}");
     }
 
     #[test]

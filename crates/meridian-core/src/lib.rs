@@ -32,6 +32,7 @@ pub mod predictor;
 pub mod scheduler;
 pub mod slo;
 pub mod step_model;
+pub mod thinking;
 
 pub use config::{Config, Policy, ReasoningBlockRule, StepTimeProfile};
 pub use error::{Error, Result};
@@ -44,3 +45,7 @@ pub use scheduler::{
 };
 pub use slo::{ClassId, SloClass, SloTargets};
 pub use step_model::{StepCoefficients, StepShape};
+pub use thinking::{
+    Boundary, ClosingPolicy, EatRule, EatSignal, FiredAt, IgnoredInputs, LoadAwareBudget, ProxyRule,
+    RpdiRule, RpdiSignal, StopReason, ThinkingControl, ThinkingState,
+};

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 LOGITS_STATS_THREADS = 1024
 MAX_TARGETS = 8
 SIGNAL_THREADS = 128
-NVRTC_OPTIONS = ("-std=c++17",)
+#: No FMA contraction: the EMA updates must round exactly like the CPU path (the Rust core and
+#: the NumPy reference), so a request's thinking-control decision never depends on the device.
+NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
 
 
 @functools.lru_cache(maxsize=None)

@@ -93,6 +93,8 @@ def update_signals_reference(
     for i, slot in enumerate(slots):
         for r in range(offsets[i], offsets[i + 1]):
             x = ent[r]
+            if not abs(x) <= np.float32(32.0):
+                continue  # non-finite or impossible entropy: skipped, as the kernel and the core do
             if probe[r]:
                 if state.eat_count[slot] == 0:
                     state.eat_mean[slot], state.eat_var[slot] = x, np.float32(0.0)

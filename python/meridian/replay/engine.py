@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from meridian._core import Config, FinishedRequest, Meridian
 from meridian.replay.profiles import Profile, StepBatch
@@ -150,6 +151,7 @@ class ReplayEngine:
         self.progress = progress or (lambda _n: None)
         self.observer_config = Config.from_json(json.dumps(meridian_config))
         self._classes = {name: self.observer_config.class_targets(name) for name in self.observer_config.class_names}
+        self.now_ms = 0.0
         self.scheduler = self._build_scheduler(meridian_config, model_dir)
         if hasattr(self.scheduler, "clock_ms"):
             self.scheduler.clock_ms = lambda: self.now_ms
@@ -162,7 +164,6 @@ class ReplayEngine:
             reasoning_end_ids=[THINK_END],
             tool_call_ids=[[TOOL_CALL]],
         )
-        self.now_ms = 0.0
         self.device_free_ms = 0.0
         self.device_busy_ms = 0.0
         self.batch_queue: deque[tuple[Any, dict[str, list[int]], float]] = deque()
@@ -388,11 +389,12 @@ def script_token(trace: TraceRequest, position: int) -> int:
     return EOS
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
+def _mix64(x: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
     """splitmix64's finaliser: consecutive inputs give unrelated outputs."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    mixed: npt.NDArray[np.uint64] = x ^ (x >> np.uint64(31))
+    return mixed
 
 
 def prompt_token_ids(trace: TraceRequest) -> list[int]:

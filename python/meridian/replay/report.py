@@ -170,9 +170,16 @@ def plot_load_sweep(sweep: dict[float, list[dict[str, Any]]], out_dir: Path) -> 
     scales = sorted(sweep)
     policies = [s["policy"] for s in sweep[scales[0]]]
     written = []
+    def goodput(s: dict[str, Any]) -> float:
+        return float(s["goodput_rps"])
+
+    def ttfat_p99_s(s: dict[str, Any]) -> float:
+        p99 = s["ttfat_ms"]["p99"]
+        return float("nan") if p99 is None else float(p99) / 1000.0
+
     for name, read, label in (
-        ("goodput_vs_load", lambda s: s["goodput_rps"], "goodput (requests/s meeting all targets)"),
-        ("ttfat_p99_vs_load", lambda s: (s["ttfat_ms"]["p99"] or float("nan")) / 1000.0, "TTFAT p99 (s)"),
+        ("goodput_vs_load", goodput, "goodput (requests/s meeting all targets)"),
+        ("ttfat_p99_vs_load", ttfat_p99_s, "TTFAT p99 (s)"),
     ):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for policy in policies:

@@ -234,7 +234,7 @@ class _NoBar:
 def _progress_bar(total: int, enabled: bool) -> Any:
     if not enabled or not sys.stderr.isatty():
         return _NoBar()
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]  # ships with vLLM, without stubs
 
     return tqdm(total=total, unit="req", desc="replay", smoothing=0.05)
 
