@@ -31,7 +31,7 @@ import meridian.replay.engine as replay_engine
 from meridian.replay.engine import ReplayEngine, policy_spec, script_token
 from meridian.replay.profiles import Profile
 from meridian.replay.traces import TraceRequest
-from meridian.testing.harness import EngineSpec
+from meridian.testing.harness import EngineSpec, runner_output, sampled_tokens, vllm_config_for
 
 pytestmark = pytest.mark.vllm
 
@@ -239,7 +239,6 @@ def make_scripted_executor(num_blocks: int, block_size: int) -> type[Any]:
     import torch
     from vllm.v1.executor.abstract import Executor
     from vllm.v1.kv_cache_interface import FullAttentionSpec
-    from vllm.v1.outputs import ModelRunnerOutput
 
     layer_spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
 
@@ -247,17 +246,6 @@ def make_scripted_executor(num_blocks: int, block_size: int) -> type[Any]:
         future: Future[Any] = Future()
         future.set_result(value)
         return future
-
-    def runner_output(sampled: dict[str, list[int]]) -> Any:
-        req_ids = list(sampled)
-        return ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-            sampled_token_ids=[sampled[req_id] for req_id in req_ids],
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
-        )
 
     class ScriptedExecutor(Executor):
         #: Set once the EngineCore exists: the scheduler whose requests the "model" reads, and
@@ -299,15 +287,11 @@ def make_scripted_executor(num_blocks: int, block_size: int) -> type[Any]:
 
         def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
             assert self._sampled is None, "execute_model twice without sample_tokens"
-            # ReplayEngine._model, verbatim: read right after scheduling.
-            sampled: dict[str, list[int]] = {}
-            for req_id in scheduler_output.num_scheduled_tokens:
-                request = self.scheduler.requests[req_id]
-                if request.is_prefill_chunk:
-                    sampled[req_id] = []
-                    continue
-                position = request.num_computed_tokens - request.num_prompt_tokens
-                sampled[req_id] = [script_token(self.traces[req_id], position)]
+            # ReplayEngine._model's tokens: read right after scheduling.
+            traces = self.traces
+            sampled = sampled_tokens(
+                scheduler_output, self.scheduler.requests, lambda req_id, pos: script_token(traces[req_id], pos)
+            )
             if scheduler_output.total_num_scheduled_tokens == 0:
                 result: Any = runner_output(sampled)  # nothing to sample: the output is final
             else:
@@ -327,35 +311,9 @@ def make_scripted_executor(num_blocks: int, block_size: int) -> type[Any]:
 
 
 def engine_core_config(spec: EngineSpec, scheduler_cls: type[Any]) -> Any:
-    """``harness.build_scheduler``'s VllmConfig recipe for ``spec``, naming ``scheduler_cls``."""
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ReasoningConfig, SchedulerConfig, VllmConfig
-
-    model_config = ModelConfig(model=str(spec.model_dir), max_model_len=spec.max_model_len, dtype="float32", seed=0)
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=spec.max_num_seqs,
-        max_num_batched_tokens=spec.max_num_batched_tokens,
-        max_model_len=spec.max_model_len,
-        is_encoder_decoder=False,
-        enable_chunked_prefill=True,
-        async_scheduling=spec.async_scheduling,
-        policy=spec.policy,
-        scheduler_cls=scheduler_cls,
-    )
-    cache_config = CacheConfig(block_size=spec.block_size, enable_prefix_caching=spec.enable_prefix_caching)
-    reasoning_config = ReasoningConfig(reasoning_parser=spec.reasoning_parser) if spec.reasoning_parser else None
-    vllm_config = VllmConfig(
-        model_config=model_config,
-        scheduler_config=scheduler_config,
-        cache_config=cache_config,
-        reasoning_config=reasoning_config,
-        device_config=DeviceConfig(device="cpu"),
-        additional_config=spec.additional_config,
-    )
-    # vLLM's CPU platform switches async scheduling off whatever was asked (platforms/cpu.py:
-    # "async scheduling is not required on CPU"). The replay models a GPU engine, where it is on
-    # by default: switch it back on, which gives EngineCore its batch queue of two.
-    vllm_config.scheduler_config.async_scheduling = spec.async_scheduling
-    return vllm_config
+    """``harness.build_scheduler``'s VllmConfig recipe for ``spec``, naming ``scheduler_cls``
+    (async scheduling back on, which gives EngineCore its batch queue of two)."""
+    return vllm_config_for(spec, scheduler_cls)
 
 
 def run_engine_core(replay: TracedReplay, spec: EngineSpec, base_cls: type[Any]) -> tuple[Any, list[int]]:

@@ -28,7 +28,18 @@ import numpy.typing as npt
 from meridian._core import Config, FinishedRequest, Meridian
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.replay.traces import TraceRequest
-from meridian.testing.harness import ANSWER_IDS, EOS, THINK_END, THINK_START, TOOL_CALL, WORD_IDS, EngineSpec, build_scheduler
+from meridian.testing.harness import (
+    ANSWER_IDS,
+    EOS,
+    THINK_END,
+    THINK_START,
+    TOOL_CALL,
+    WORD_IDS,
+    EngineSpec,
+    build_scheduler,
+    runner_output,
+    sampled_tokens,
+)
 from meridian.testing.tiny_model import write_tiny_model
 from meridian.vllm import convert
 
@@ -265,29 +276,10 @@ class ReplayEngine:
 
     def _model(self, output: Any) -> dict[str, list[int]]:
         """The token each scheduled request samples: its trace script at the next position."""
-        sampled: dict[str, list[int]] = {}
-        for req_id in output.num_scheduled_tokens:
-            request = self.scheduler.requests[req_id]
-            if request.is_prefill_chunk:
-                sampled[req_id] = []
-                continue
-            trace = self._live[req_id][0]
-            sampled[req_id] = [script_token(trace, request.num_computed_tokens - request.num_prompt_tokens)]
-        return sampled
+        return sampled_tokens(output, self.scheduler.requests, lambda req_id, pos: script_token(self._live[req_id][0], pos))
 
     def _apply(self, output: Any, sampled: dict[str, list[int]]) -> None:
-        from vllm.v1.outputs import ModelRunnerOutput
-
-        req_ids = list(sampled)
-        runner_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-            sampled_token_ids=[sampled[req_id] for req_id in req_ids],
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
-        )
-        engine_outputs = self.scheduler.update_from_output(output, runner_output)
+        engine_outputs = self.scheduler.update_from_output(output, runner_output(sampled))
         handles: list[int] = []
         counts: list[int] = []
         flat: list[int] = []

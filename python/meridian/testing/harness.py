@@ -64,17 +64,15 @@ class EngineSpec:
     additional_config: dict[str, Any] = field(default_factory=dict)
 
 
-def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
-    """Builds ``scheduler_cls`` the way ``EngineCore`` does, with ``spec.num_blocks`` KV blocks."""
-    import torch
+def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) -> Any:
+    """The ``VllmConfig`` an engine with ``spec`` runs under (``scheduler_cls`` recorded in it
+    for ``EngineCore``, which builds its scheduler from the config)."""
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ReasoningConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
 
     model_config = ModelConfig(
         model=str(spec.model_dir), max_model_len=spec.max_model_len, dtype="float32", seed=0
     )
+    extra = {"scheduler_cls": scheduler_cls} if scheduler_cls is not None else {}
     scheduler_config = SchedulerConfig(
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,
@@ -83,6 +81,7 @@ def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
         enable_chunked_prefill=True,
         async_scheduling=spec.async_scheduling,
         policy=spec.policy,
+        **extra,
     )
     cache_config = CacheConfig(block_size=spec.block_size, enable_prefix_caching=spec.enable_prefix_caching)
     reasoning_config = ReasoningConfig(reasoning_parser=spec.reasoning_parser) if spec.reasoning_parser else None
@@ -97,6 +96,18 @@ def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
     # vLLM's CPU platform turns async scheduling off ("not required on CPU"); the engines here
     # stand in for a GPU engine, whose batch queue of two is what they model.
     vllm_config.scheduler_config.async_scheduling = spec.async_scheduling
+    return vllm_config
+
+
+def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
+    """Builds ``scheduler_cls`` the way ``EngineCore`` does, with ``spec.num_blocks`` KV blocks."""
+    import torch
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vllm_config = vllm_config_for(spec)
+    cache_config = vllm_config.cache_config
     kv_cache_config = KVCacheConfig(
         num_blocks=spec.num_blocks,
         kv_cache_tensors=[],
@@ -136,6 +147,35 @@ class ScriptedRequest:
             return self.output_token_ids.index(THINK_END) + 1
         except ValueError:
             return 0
+
+
+def runner_output(sampled: dict[str, list[int]]) -> Any:
+    """The ``ModelRunnerOutput`` a model runner returns for ``sampled`` (tokens per request)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(sampled)
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
+        sampled_token_ids=[sampled[req_id] for req_id in req_ids],
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
+
+
+def sampled_tokens(output: Any, requests: dict[str, Any], token_at: Callable[[str, int], int]) -> dict[str, list[int]]:
+    """What greedy decoding samples for a scheduled step, read right after ``schedule()``: one
+    token per request whose prompt is complete — ``token_at(req_id, output position)`` — and
+    nothing for a prompt chunk."""
+    sampled: dict[str, list[int]] = {}
+    for req_id in output.num_scheduled_tokens:
+        request = requests[req_id]
+        if request.is_prefill_chunk:
+            sampled[req_id] = []
+            continue
+        sampled[req_id] = [token_at(req_id, request.num_computed_tokens - request.num_prompt_tokens)]
+    return sampled
 
 
 def reasoning_script(num_think: int, num_answer: int, *, seed: int = 0, tool_call: bool = False) -> list[int]:
@@ -282,31 +322,16 @@ class ScriptedEngine:
 
     def _model(self, output: Any) -> dict[str, list[int]]:
         """The token each scheduled request samples: its script at the next output position."""
-        sampled: dict[str, list[int]] = {}
-        for req_id in output.num_scheduled_tokens:
-            request = self.scheduler.requests[req_id]
-            if request.is_prefill_chunk:
-                sampled[req_id] = []
-                continue
-            position = request.num_computed_tokens - request.num_prompt_tokens
+
+        def token_at(req_id: str, position: int) -> int:
             script = self.scripts[req_id].output_token_ids
-            sampled[req_id] = [script[position] if position < len(script) else EOS]
-        return sampled
+            return script[position] if position < len(script) else EOS
+
+        return sampled_tokens(output, self.scheduler.requests, token_at)
 
     def _apply(self, output: Any, sampled: dict[str, list[int]]) -> None:
-        from vllm.v1.outputs import ModelRunnerOutput
-
         self.now_ms += self.step_time_ms(output)
-        req_ids = list(sampled)
-        runner_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
-            sampled_token_ids=[sampled[req_id] for req_id in req_ids],
-            logprobs=None,
-            prompt_logprobs_dict={},
-            pooler_output=[],
-        )
-        engine_outputs = self.scheduler.update_from_output(output, runner_output)
+        engine_outputs = self.scheduler.update_from_output(output, runner_output(sampled))
         for batch in engine_outputs.values():
             for out in batch.outputs:
                 self._observe_output(out)
