@@ -11,9 +11,9 @@ absent):
 Both: real arrivals + production-derived reasoning lengths (ServeGen DeepSeek-R1, seeded). Class
 targets: the replay's defaults, ``python/meridian/replay/data/reasoning_classes.json``.
 
-For each workload the script replays stock FCFS over a grid of rate scales, interpolates (in log
-rate) the scale where its attainment crosses 50 %, then replays every policy there and prints the
-table and the targets' verdicts. Virtual time: the numbers do not depend on this machine's speed.
+For each workload the script replays stock FCFS over a grid of rate scales and two refinements
+of the bracket around 50 % attainment, picks the probed scale closest to 50 %, then replays every
+policy there and prints the table and the targets' verdicts. Virtual time: the numbers do not depend on this machine's speed.
 
     .venv/bin/python bench/replay_ab.py [--workloads azure mooncake] [--seed 0] [--json PATH]
 """
@@ -62,7 +62,7 @@ def workloads(seed: int) -> dict[str, Workload]:
                 profile="h200-qwen3-32b",
                 **base,
             ),
-            (0.06, 0.09, 0.13, 0.19),
+            (0.04, 0.055, 0.075, 0.1),
         ),
     }
     if mooncake.exists():
@@ -81,17 +81,25 @@ def workloads(seed: int) -> dict[str, Workload]:
     return out
 
 
-def fcfs_half_load(workload: Workload) -> tuple[float, list[dict[str, float]]]:
-    """The rate scale where FCFS attainment crosses 50 % (log-linear interpolation)."""
-    report = run_replay(replace(workload.options, policies=("vllm-fcfs",), rate_scales=workload.scales))
-    probes = [{"rate_scale": r.rate_scale, "attainment": r.summary["attainment"]} for r in report.runs]
+def _fcfs_attainment(workload: Workload, scales: tuple[float, ...]) -> list[dict[str, float]]:
+    report = run_replay(replace(workload.options, policies=("vllm-fcfs",), rate_scales=scales))
+    return [{"rate_scale": r.rate_scale, "attainment": r.summary["attainment"]} for r in report.runs]
+
+
+def fcfs_half_load(workload: Workload, rounds: int = 2) -> tuple[float, list[dict[str, float]]]:
+    """The probed rate scale whose FCFS attainment is closest to 50 %: a grid, then ``rounds``
+    refinements, each probing two points inside the bracket around 50 % (two workers)."""
+    probes = _fcfs_attainment(workload, workload.scales)
+    for _ in range(rounds):
+        probes.sort(key=lambda p: p["rate_scale"])
+        above = [p for p in probes if p["attainment"] >= 0.5]
+        below = [p for p in probes if p["attainment"] < 0.5]
+        if not above or not below or min(abs(p["attainment"] - 0.5) for p in probes) <= 0.05:
+            break
+        lo, hi = math.log(max(p["rate_scale"] for p in above)), math.log(min(p["rate_scale"] for p in below))
+        inner = tuple(math.exp(lo + f * (hi - lo)) for f in (1 / 3, 2 / 3))
+        probes += _fcfs_attainment(workload, inner)
     probes.sort(key=lambda p: p["rate_scale"])
-    for lo, hi in zip(probes, probes[1:]):
-        if lo["attainment"] >= 0.5 >= hi["attainment"]:
-            span = lo["attainment"] - hi["attainment"]
-            t = (lo["attainment"] - 0.5) / span if span > 0 else 0.5
-            return math.exp(math.log(lo["rate_scale"]) + t * (math.log(hi["rate_scale"]) - math.log(lo["rate_scale"]))), probes
-    # Outside the grid: the closest probe, said so in the output.
     best = min(probes, key=lambda p: abs(p["attainment"] - 0.5))
     return best["rate_scale"], probes
 
@@ -131,7 +139,7 @@ def main() -> int:
         workload = available[name]
         started = time.monotonic()
         scale, probes = fcfs_half_load(workload)
-        probe_text = ", ".join(f"×{p['rate_scale']:g}: {p['attainment']:.0%}" for p in probes)
+        probe_text = ", ".join(f"×{p['rate_scale']:.3g}: {p['attainment']:.0%}" for p in probes)
         report = run_replay(replace(workload.options, policies=tuple(POLICIES), rate_scales=(scale,)))
         summaries = {r.policy: r.summary for r in report.runs}
         print(f"\n=== {name}: {report.workload['num_requests']} requests, profile {workload.options.profile}")

@@ -349,3 +349,34 @@ def test_fit_needs_enough_steps_and_every_input_exercised(tmp_path: Path) -> Non
     log.write_text("\n".join(decode_only), encoding="utf-8")
     with pytest.raises(ProfileError, match="cannot fit per_prefill_token_ms"):
         fit_profile(log, base, "fit")
+
+
+@pytest.mark.vllm
+def test_a_real_shim_step_log_fits_a_profile_the_replay_accepts(tmp_path: Path) -> None:
+    """MeridianScheduler writes the step log (step_log_path) while the scripted engine runs it with
+    a known linear step time; `meridian fit-profile` recovers that cost and writes a profile that
+    `Profile.load` takes back."""
+    from meridian.cli import main
+    from meridian.scripted import SCENARIO_MERIDIAN_CONFIG, Scenario, scenario_requests
+    from meridian.testing.harness import EngineSpec, ScriptedEngine, build_scheduler, tiny_model_dir
+    from meridian.vllm import MeridianScheduler
+    from meridian.vllm.scheduler import SHAPE_ATTR
+
+    log = tmp_path / "steps.jsonl"
+    config = {**SCENARIO_MERIDIAN_CONFIG, "step_log_path": str(log)}
+    spec = EngineSpec(model_dir=tiny_model_dir(tmp_path), num_blocks=200, additional_config={"meridian": config})
+    scheduler = build_scheduler(MeridianScheduler, spec)
+
+    def step_time_ms(output: object) -> float:
+        _scheduled_at_ms, shape = getattr(output, SHAPE_ATTR)  # what the shim measured at schedule()
+        return 2.0 + 0.01 * shape["num_prefill_tokens"] + 0.3 * shape["num_decode_requests"]
+
+    ScriptedEngine(scheduler, scenario_requests(Scenario(num_requests=24), seed=3), step_time_ms=step_time_ms).run()
+    scheduler.shutdown()
+    out = tmp_path / "fitted.json"
+    assert main(["fit-profile", str(log), "--base", "h200-qwen3-8b", "--name", "cpu-fit", "--out", str(out)]) == 0
+    fitted = Profile.load(out)
+    assert fitted.name == "cpu-fit" and fitted.model == "linear"
+    assert fitted.num_kv_blocks == Profile.load("h200-qwen3-8b").num_kv_blocks
+    assert fitted.step_time_ms(StepBatch(0, 10, 500)) == pytest.approx(2.0 + 0.3 * 10, rel=0.05)
+    assert fitted.step_time_ms(StepBatch(100, 4, 400)) == pytest.approx(2.0 + 1.0 + 1.2, rel=0.05)

@@ -59,6 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     _add_replay_parser(sub)
 
+    fit = sub.add_parser("fit-profile", help="fit a replay profile to the step log of a real vLLM run")
+    fit.add_argument("step_log", type=Path, help="the JSONL file Meridian wrote with `step_log_path` set")
+    fit.add_argument("--base", default="h200-qwen3-8b",
+                     help="profile (name or JSON) whose KV capacity and batch limits the fit keeps")
+    fit.add_argument("--name", default="fitted", help="name of the new profile")
+    fit.add_argument("--out", type=Path, required=True, help="where to write the profile JSON")
+
     check = sub.add_parser("check-config", help="validate a --additional-config JSON value")
     check.add_argument("additional_config", help="the JSON given to vLLM's --additional-config")
 
@@ -78,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         if args.command == "replay":
             return _replay(args)
+        if args.command == "fit-profile":
+            return _fit_profile(args)
         return _check_config(args.additional_config)
     except (MeridianError, ValueError, OSError) as exc:
         print(f"meridian: error: {exc}", file=sys.stderr)
@@ -117,10 +126,13 @@ def _add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         help="ServeGen data/reason/deepseek-r1 folder (default: the bundled summary)")
     replay.add_argument("--classes", default=None,
                         help="SLO class rule: trace | fixed:NAME | mix:a=0.2,b=0.8 | by-source:code=A,conv=B")
-    replay.add_argument("--rate-scale", type=_floats, default=[1.0],
-                        help="arrival-rate multipliers, comma-separated; several give a load sweep (default 1)")
+    replay.add_argument("--rate-scale", type=_floats, default=None,
+                        help="arrival-rate multipliers, comma-separated; several give a load sweep "
+                        "(default 1; the demo's 0.06 for the bundled excerpt)")
     replay.add_argument("--start-s", type=float, default=0.0, help="start of the trace window in seconds")
-    replay.add_argument("--duration-s", type=float, default=None, help="length of the trace window in seconds")
+    replay.add_argument("--duration-s", type=float, default=None,
+                        help="length of the trace window in seconds (default: all; the demo's window for the "
+                        "bundled excerpt)")
     replay.add_argument("--limit", type=int, default=None, help="replay at most this many requests")
     replay.add_argument("--profile", default=DEFAULT_PROFILE,
                         help=f"hardware/model profile: a bundled name or a JSON file (default {DEFAULT_PROFILE})")
@@ -138,17 +150,28 @@ def _add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 def _replay(args: argparse.Namespace) -> int:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from meridian.replay.runner import DEFAULT_TRACES, ReplayOptions, load_config_arg, render, run_replay, write_outputs
+    from meridian.replay.runner import (
+        DEFAULT_TRACES,
+        DEMO_OPTIONS,
+        ReplayOptions,
+        load_config_arg,
+        render,
+        run_replay,
+        write_outputs,
+    )
 
+    # Without a trace, the bundled excerpt at the demo's window and load: the whole excerpt at its
+    # real rate would overload a 32B-class GPU many times over and run for hours.
+    bundled = not args.trace
     options = ReplayOptions(
         traces=tuple(args.trace) if args.trace else DEFAULT_TRACES,
         trace_format=args.format,
         reasoning=args.reasoning,
         servegen_dir=args.servegen_dir,
         classes=args.classes,
-        rate_scales=args.rate_scale,
+        rate_scales=args.rate_scale or (DEMO_OPTIONS.rate_scales if bundled else (1.0,)),
         start_s=args.start_s,
-        duration_s=args.duration_s,
+        duration_s=args.duration_s if args.duration_s is not None or not bundled else DEMO_OPTIONS.duration_s,
         limit=args.limit,
         profile=args.profile,
         policies=[p.strip() for p in args.policies.split(",") if p.strip()],
@@ -162,6 +185,15 @@ def _replay(args: argparse.Namespace) -> int:
     print(render(report))
     for path in write_outputs(report, args.json, args.report_dir):
         print(f"wrote {path}")
+    return 0
+
+
+def _fit_profile(args: argparse.Namespace) -> int:
+    from meridian.replay.profiles import Profile, fit_profile
+
+    profile = fit_profile(args.step_log, Profile.load(args.base), args.name)
+    args.out.write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")
+    print(f"wrote {args.out}: {profile.sources['fit']}")
     return 0
 
 
