@@ -128,7 +128,7 @@ def _add_replay_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser])
                         help="SLO class rule: trace | fixed:NAME | mix:a=0.2,b=0.8 | by-source:code=A,conv=B")
     replay.add_argument("--rate-scale", type=_floats, default=None,
                         help="arrival-rate multipliers, comma-separated; several give a load sweep "
-                        "(default 1; the demo's 0.06 for the bundled excerpt)")
+                        "(default 1; the demo's 0.08 for the bundled excerpt)")
     replay.add_argument("--start-s", type=float, default=0.0, help="start of the trace window in seconds")
     replay.add_argument("--duration-s", type=float, default=None,
                         help="length of the trace window in seconds (default: all; the demo's window for the "
