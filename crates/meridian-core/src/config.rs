@@ -131,7 +131,7 @@ pub struct Config {
     /// vLLM priority thresholds: a priority maps to the class of the largest key ≤ it (or of the
     /// smallest key when it is below all of them).
     pub priority_map: Vec<(i64, ClassId)>,
-    /// Budget multiplier for steps in which no request is answering.
+    /// A step in which no request is answering may take this multiple of the TPOT target.
     pub think_batch_multiplier: f64,
     /// Fraction of the answer TPOT target a step may take, in (0, 1].
     pub tpot_headroom: f64,
