@@ -129,14 +129,32 @@ def write_json(path: Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
-def plot_cdfs(runs: Iterable[PolicyRun], out_dir: Path, suffix: str = "") -> list[Path]:
-    """CDFs of TTFAT and answer TPOT per policy, one PNG each."""
+def _pyplot() -> Any:
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, never a display
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str) -> Path:
+    """Labels, grid and legend, then the PNG; closes the figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_cdfs(runs: Iterable[PolicyRun], out_dir: Path, suffix: str = "") -> list[Path]:
+    """CDFs of TTFAT and answer TPOT per policy, one PNG each."""
     import numpy as np
 
+    plt = _pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = list(runs)
     written = []
@@ -146,52 +164,35 @@ def plot_cdfs(runs: Iterable[PolicyRun], out_dir: Path, suffix: str = "") -> lis
             values = np.sort(np.asarray(getattr(run, f"{name}_ms"), dtype=np.float64)) / scale
             if values.size:
                 ax.step(values, np.arange(1, values.size + 1) / values.size, where="post", label=run.policy)
-        ax.set_xlabel(f"{name.replace('_', ' ').upper()} ({unit})")
-        ax.set_ylabel("fraction of completed requests")
         ax.set_xscale("log")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        path = out_dir / f"cdf_{name}{suffix}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        xlabel = f"{name.replace('_', ' ').upper()} ({unit})"
+        written.append(_save(fig, ax, out_dir / f"cdf_{name}{suffix}.png", xlabel, "fraction of completed requests"))
     return written
+
+
+def _goodput(s: dict[str, Any]) -> float:
+    return float(s["goodput_rps"])
+
+
+def _ttfat_p99_s(s: dict[str, Any]) -> float:
+    p99 = s["ttfat_ms"]["p99"]
+    return float("nan") if p99 is None else float(p99) / 1000.0
 
 
 def plot_load_sweep(sweep: dict[float, list[dict[str, Any]]], out_dir: Path) -> list[Path]:
     """Goodput and TTFAT p99 against the rate scale, one line per policy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     out_dir.mkdir(parents=True, exist_ok=True)
     scales = sorted(sweep)
     policies = [s["policy"] for s in sweep[scales[0]]]
     written = []
-    def goodput(s: dict[str, Any]) -> float:
-        return float(s["goodput_rps"])
-
-    def ttfat_p99_s(s: dict[str, Any]) -> float:
-        p99 = s["ttfat_ms"]["p99"]
-        return float("nan") if p99 is None else float(p99) / 1000.0
-
     for name, read, label in (
-        ("goodput_vs_load", goodput, "goodput (requests/s meeting all targets)"),
-        ("ttfat_p99_vs_load", ttfat_p99_s, "TTFAT p99 (s)"),
+        ("goodput_vs_load", _goodput, "goodput (requests/s meeting all targets)"),
+        ("ttfat_p99_vs_load", _ttfat_p99_s, "TTFAT p99 (s)"),
     ):
         fig, ax = plt.subplots(figsize=(6.4, 4.2))
         for policy in policies:
             ys = [read(next(s for s in sweep[x] if s["policy"] == policy)) for x in scales]
             ax.plot(scales, ys, marker="o", label=policy)
-        ax.set_xlabel("arrival rate scale (× trace rate)")
-        ax.set_ylabel(label)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        path = out_dir / f"{name}.png"
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(fig, ax, out_dir / f"{name}.png", "arrival rate scale (× trace rate)", label))
     return written
