@@ -103,6 +103,7 @@ def test_a_load_sweep_plots_goodput_and_ttfat_against_load(tmp_path: Path) -> No
         (["--policies", "fcfs"], "unknown policy 'fcfs'"),
         (["--classes", "mix:interactive=-1"], "mix"),
         (["--limit", "0"], "limit"),
+        (["--classes", "fixed:gold"], "does not define: gold"),
     ],
 )
 def test_bad_arguments_fail_with_a_message_naming_them(

@@ -92,9 +92,6 @@ class Timeline:
     req_id: str
     slo_class: str
     arrival_ms: float
-    num_prompt_tokens: int
-    num_think_tokens: int | None
-    num_answer_tokens: int
     token_times_ms: array[float] = field(default_factory=lambda: array("d"))
     finish_reason: str | None = None
     report: FinishedRequest | None = None
@@ -309,11 +306,9 @@ class ReplayEngine:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.request import Request
 
-        slo_class = trace.slo_class if trace.slo_class in self._classes else self.observer_config.default_class
-        timeline = Timeline(
-            trace.req_id, slo_class, trace.arrival_ms, trace.num_prompt_tokens, trace.num_think_tokens,
-            answer_tokens(trace),
-        )
+        # A request without a class gets the default; the runner has already rejected unknown ones.
+        slo_class = trace.slo_class or self.observer_config.default_class
+        timeline = Timeline(trace.req_id, slo_class, trace.arrival_ms)
         self._timelines.append(timeline)
         max_tokens = min(script_length(trace), self.profile.max_model_len - trace.num_prompt_tokens)
         if max_tokens < 1:

@@ -131,6 +131,19 @@ def build_workload(options: ReplayOptions) -> tuple[list[traces.TraceRequest], d
     return requests, workload
 
 
+def check_classes(requests: Sequence[traces.TraceRequest], meridian_config: dict[str, Any]) -> None:
+    """Every class the workload names must be defined by the config the replay runs with."""
+    from meridian._core import Config
+
+    defined = set(Config.from_json(json.dumps(meridian_config)).class_names)
+    unknown = sorted({r.slo_class for r in requests if r.slo_class is not None} - defined)
+    if unknown:
+        raise ValueError(
+            f"the workload names SLO classes the config does not define: {', '.join(unknown)}; "
+            f"defined: {', '.join(sorted(defined))} (add them under `classes` in --config, or change --classes)"
+        )
+
+
 # ---- running ----------------------------------------------------------------------------------
 
 
@@ -173,6 +186,7 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
         policy_spec(name)  # fail on a typo before any work
     profile = Profile.load(options.profile)
     requests, workload = build_workload(options)
+    check_classes(requests, options.meridian_config)
     workload["rate_scales"] = list(options.rate_scales)
     jobs = [(policy, scale) for scale in options.rate_scales for policy in options.policies]
     total = len(jobs) * len(requests)
