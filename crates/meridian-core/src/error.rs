@@ -47,6 +47,15 @@ pub enum Error {
         /// What is expected.
         reason: &'static str,
     },
+    /// A request's own arguments (`vllm_xargs` / `SamplingParams.extra_args`) are wrong; `key` is
+    /// the argument, dotted into it for a JSON object (e.g. `meridian_thinking.eat.alpha`).
+    #[error("invalid request argument `{key}`: {reason}")]
+    InvalidRequestArgs {
+        /// The argument, dotted into its JSON value where the fault lies.
+        key: String,
+        /// What is wrong with it and what is expected instead.
+        reason: String,
+    },
 }
 
 /// The core's result type.
@@ -55,6 +64,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     pub(crate) fn config(key: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::InvalidConfig { key: key.into(), reason: reason.into() }
+    }
+
+    pub(crate) fn request_args(key: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::InvalidRequestArgs { key: key.into(), reason: reason.into() }
     }
 
     pub(crate) fn argument(name: &'static str, value: impl ToString, reason: &'static str) -> Self {

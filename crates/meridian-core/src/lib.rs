@@ -33,6 +33,7 @@ pub mod scheduler;
 pub mod slo;
 pub mod step_model;
 pub mod thinking;
+pub mod thinking_stream;
 
 pub use config::{Config, Policy, ReasoningBlockRule, StepTimeProfile};
 pub use error::{Error, Result};
@@ -46,6 +47,8 @@ pub use scheduler::{
 pub use slo::{ClassId, SloClass, SloTargets};
 pub use step_model::{StepCoefficients, StepShape};
 pub use thinking::{
-    Boundary, ClosingPolicy, EatRule, EatSignal, FiredAt, IgnoredInputs, LoadAwareBudget, ProxyRule,
-    RpdiRule, RpdiSignal, StopReason, ThinkingControl, ThinkingState,
+    Boundaries, Boundary, ClosingPolicy, EatRule, EatSignal, FiredAt, IgnoredInputs, LoadAwareBudget,
+    ProxyRule, RpdiRule, RpdiSignal, StopReason, ThinkingControl, ThinkingState, THINKING_ARG,
+    THINKING_BUDGET_ARG,
 };
+pub use thinking_stream::{StreamPhase, ThinkingStream, TokenSignals};

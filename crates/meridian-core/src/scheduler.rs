@@ -145,6 +145,11 @@ pub struct SchedulerStats {
     pub num_reasoning_evictions: u64,
     /// Step-time samples folded into the model.
     pub num_step_samples: u64,
+    /// EAT probes added (internal requests; never in `num_added`, `num_finished` or any class
+    /// counter).
+    pub num_probes: u64,
+    /// Prompt tokens of those probes (their cost before prefix-cache hits).
+    pub num_probe_prompt_tokens: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -159,6 +164,9 @@ struct Tracked {
     ledger: RequestLedger,
     preempted: bool,
     waiting_since_ms: f64,
+    /// An internal EAT probe: scheduled like any request of its class, never counted or learnt
+    /// from, and its blocks (the parent's reasoning) are not reported never-reusable.
+    probe: bool,
 }
 
 impl Tracked {
@@ -292,6 +300,9 @@ pub struct Meridian {
     answer_len: ResidualLength,
     step_model: StepTimeModel,
     class_counters: Vec<ClassCounters>,
+    /// Per class: exponentially weighted TTFAT attainment of recent completions (the load-aware
+    /// thinking budget reads it), `None` until the class completes a request.
+    recent_ttfat_attainment: Vec<Option<f64>>,
     stats: SchedulerStats,
     pending_steps: VecDeque<PendingStep>,
     last_output_ms: Option<f64>,
@@ -302,6 +313,19 @@ pub struct Meridian {
     inv_aging_ms: f64,
     /// Targets and rank per class, dense (the plan reads them for every request).
     class_table: Vec<(SloTargets, u8)>,
+}
+
+/// About how many recent completions the recent TTFAT attainment remembers: enough that one
+/// miss moves it by 3 %, few enough that it follows a load change within a minute of traffic.
+pub const RECENT_ATTAINMENT_REQUESTS: f64 = 32.0;
+
+/// Folds one completion into a class's recent attainment; the first one starts it.
+fn blend_attainment(recent: Option<f64>, met: bool) -> f64 {
+    let x = if met { 1.0 } else { 0.0 };
+    match recent {
+        None => x,
+        Some(r) => r + (x - r) / RECENT_ATTAINMENT_REQUESTS,
+    }
 }
 
 impl Meridian {
@@ -315,6 +339,7 @@ impl Meridian {
             answer_len: ResidualLength::new(&config.answer_tokens_prior),
             step_model: StepTimeModel::new(&config.step_time),
             class_counters: vec![ClassCounters::default(); config.classes.len()],
+            recent_ttfat_attainment: vec![None; config.classes.len()],
             config,
             limits,
             markers,
@@ -351,6 +376,12 @@ impl Meridian {
     /// Per-class attainment counters, indexed by [`ClassId`].
     pub fn class_counters(&self) -> &[ClassCounters] {
         &self.class_counters
+    }
+
+    /// Per class (indexed by [`ClassId`]): the TTFAT attainment of recent completions, weighted
+    /// toward the last [`RECENT_ATTAINMENT_REQUESTS`] or so; `None` before the first completion.
+    pub fn recent_ttfat_attainment(&self) -> &[Option<f64>] {
+        &self.recent_ttfat_attainment
     }
 
     /// The step-time model's current coefficients `(base_ms, per_token_ms, per_context_token_ms)`.
@@ -423,10 +454,41 @@ impl Meridian {
             ledger: RequestLedger::new(arrival_ms),
             preempted: false,
             waiting_since_ms: arrival_ms,
+            probe: false,
         };
         let handle = self.insert(tracked);
         self.by_req_id.insert(req.req_id.to_owned(), handle);
         self.stats.num_added += 1;
+        Ok(handle)
+    }
+
+    /// Adds an internal EAT probe for `parent` (the parent's class; one token): its prompt is
+    /// the parent's tokens so far plus the reasoning-end marker, so it is mostly a prefix-cache
+    /// hit and runs in the answer phase. See [`Tracked::probe`] for how it is kept out of the
+    /// books.
+    pub fn add_probe(
+        &mut self,
+        req_id: &str,
+        arrival_ms: f64,
+        prompt_token_ids: &[u32],
+        parent: ReqHandle,
+    ) -> Result<ReqHandle> {
+        let class = self.get(parent)?.class;
+        let class_name = self.config.classes[class.index()].name.clone();
+        let handle = self.add_request(NewRequest {
+            req_id,
+            arrival_ms,
+            prompt_token_ids,
+            max_tokens: 1,
+            slo_class: Some(&class_name),
+            priority: 0,
+        })?;
+        self.stats.num_added -= 1;
+        self.stats.num_probes += 1;
+        self.stats.num_probe_prompt_tokens += prompt_token_ids.len() as u64;
+        if let Some(tracked) = self.slots[handle.slot()].request.as_mut() {
+            tracked.probe = true;
+        }
         Ok(handle)
     }
 
@@ -560,12 +622,28 @@ impl Meridian {
         request.ledger.finish_ms = Some(now_ms.max(end_ms));
         request.tracker.finish();
         let targets = self.config.classes[request.class.index()].targets;
+        let metrics = request.ledger.metrics();
+        if request.probe {
+            return Ok(FinishedRequest {
+                attainment: Attainment::judge(&metrics, &targets),
+                metrics,
+                never_reusable_from_token: None,
+                reason,
+                class: request.class,
+                ledger: request.ledger,
+                req_id: request.req_id,
+            });
+        }
         self.class_counters[request.class.index()].record(&request.ledger, reason, &targets);
+        if reason.completed() {
+            let met = Attainment::judge(&request.ledger.metrics(), &targets).ttfat;
+            let recent = &mut self.recent_ttfat_attainment[request.class.index()];
+            *recent = Some(blend_attainment(*recent, met));
+        }
         self.learn_lengths(&request, reason);
         let never_reusable_from_token = self.never_reusable_from(&request);
         self.stats.num_finished += 1;
         self.stats.num_reasoning_evictions += u64::from(never_reusable_from_token.is_some());
-        let metrics = request.ledger.metrics();
         Ok(FinishedRequest {
             attainment: Attainment::judge(&metrics, &targets),
             metrics,

@@ -50,6 +50,86 @@ pub struct ThinkingControl {
     pub rpdi: Option<RpdiRule>,
     /// What is forced when a rule fires.
     pub closing: ClosingPolicy,
+    /// What text ends a reasoning line (the EAT probe point) and a sentence (the RPDI check).
+    pub boundaries: Boundaries,
+}
+
+/// The text that ends a reasoning line and a sentence. The defaults are the EAT paper's line
+/// (`\n\n`) and the ordinary sentence-final punctuation, ASCII and CJK; a model whose reasoning
+/// is not prose (the project's tiny counting model has no punctuation at all) names its own
+/// markers here.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Boundaries {
+    /// Strings that end a reasoning line wherever they occur, also across a token boundary
+    /// (`"\n"` then `"\n"`). A line end is also a sentence end. Not empty strings.
+    pub line_end: Vec<String>,
+    /// Strings that end a sentence when a token's text, trailing whitespace removed, ends with
+    /// one of them. Not empty strings.
+    pub sentence_end: Vec<String>,
+}
+
+impl Default for Boundaries {
+    fn default() -> Self {
+        Self {
+            line_end: vec!["\n\n".to_owned()],
+            sentence_end: [".", "?", "!", "\u{3002}", "\u{ff1f}", "\u{ff01}"].map(str::to_owned).to_vec(),
+        }
+    }
+}
+
+/// Characters of text kept between tokens to find a line marker split across them; longer than
+/// any sensible marker, and the validation caps markers below it.
+pub const MAX_BOUNDARY_MARKER_CHARS: usize = 16;
+
+impl Boundaries {
+    /// The boundary a token closes, given the reasoning text just before it (`tail`, any length;
+    /// only its end matters) and the token's own text. A line marker counts when it ends inside
+    /// the token's text, so a marker split across two tokens is found once, on the second.
+    pub fn boundary_of(&self, tail: &str, token_text: &str) -> Boundary {
+        if token_text.is_empty() {
+            return Boundary::None;
+        }
+        let joined = format!("{}{token_text}", char_suffix(tail, MAX_BOUNDARY_MARKER_CHARS));
+        let new_from = joined.len() - token_text.len();
+        let ends_line = self
+            .line_end
+            .iter()
+            .any(|marker| joined.match_indices(marker.as_str()).any(|(at, m)| at + m.len() > new_from));
+        if ends_line {
+            return Boundary::Line;
+        }
+        let trimmed = token_text.trim_end();
+        if self.sentence_end.iter().any(|marker| trimmed.ends_with(marker.as_str())) {
+            Boundary::Sentence
+        } else {
+            Boundary::None
+        }
+    }
+
+    fn validate(&self, prefix: &str) -> Result<()> {
+        for (name, markers) in [("line_end", &self.line_end), ("sentence_end", &self.sentence_end)] {
+            for (i, marker) in markers.iter().enumerate() {
+                let chars = marker.chars().count();
+                if chars == 0 || chars > MAX_BOUNDARY_MARKER_CHARS {
+                    return Err(Error::config(
+                        format!("{prefix}.boundaries.{name}[{i}]"),
+                        format!("{marker:?} must be 1 to {MAX_BOUNDARY_MARKER_CHARS} characters"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The last `max_chars` characters of `text` (all of it when shorter).
+pub(crate) fn char_suffix(text: &str, max_chars: usize) -> &str {
+    match text.char_indices().rev().nth(max_chars.saturating_sub(1)) {
+        Some((at, _)) if max_chars > 0 => &text[at..],
+        _ if max_chars == 0 => "",
+        _ => text,
+    }
 }
 
 /// A thinking budget that is `budget_tokens` while the class meets its TTFAT target and shrinks
@@ -272,6 +352,7 @@ impl ThinkingControl {
                 ));
             }
         }
+        self.boundaries.validate(prefix)?;
         if let Some(text) = &self.closing.closing_text {
             let key = key("closing.closing_text");
             if text.trim().is_empty() {
@@ -289,6 +370,55 @@ impl ThinkingControl {
             }
         }
         Ok(())
+    }
+}
+
+/// Request argument that replaces the class's thinking control: `"off"`, or a JSON object with the
+/// keys of `thinking_control` (validated the same way).
+pub const THINKING_ARG: &str = "meridian_thinking";
+/// Request argument that sets a hard thinking budget (tokens) on top of the class's control.
+pub const THINKING_BUDGET_ARG: &str = "meridian_thinking_budget_tokens";
+
+impl ThinkingControl {
+    /// The control for one request: the class's `base`, replaced by the request's
+    /// [`THINKING_ARG`] (`"off"` or a JSON object) and then given the hard budget of
+    /// [`THINKING_BUDGET_ARG`]. Errors name the argument, dotted into the JSON.
+    pub fn for_request(
+        base: &ThinkingControl,
+        thinking: Option<&str>,
+        budget_tokens: Option<i64>,
+    ) -> Result<Self> {
+        let mut control = match thinking.map(str::trim) {
+            None => base.clone(),
+            Some("off") => ThinkingControl::default(),
+            Some(text) => {
+                let parsed: ThinkingControl = serde_json::from_str(text).map_err(|e| {
+                    Error::request_args(
+                        THINKING_ARG,
+                        format!("{e}; expected \"off\" or a JSON object with the keys of thinking_control"),
+                    )
+                })?;
+                parsed.validate(THINKING_ARG).map_err(into_request_args)?;
+                parsed
+            }
+        };
+        if let Some(budget) = budget_tokens {
+            let budget = u32::try_from(budget).ok().filter(|&b| b >= 1).ok_or_else(|| {
+                Error::request_args(
+                    THINKING_BUDGET_ARG,
+                    format!("{budget} must be a whole number of tokens from 1 to {}", u32::MAX),
+                )
+            })?;
+            control.budget_tokens = Some(budget);
+        }
+        Ok(control)
+    }
+}
+
+fn into_request_args(err: Error) -> Error {
+    match err {
+        Error::InvalidConfig { key, reason } => Error::InvalidRequestArgs { key, reason },
+        other => other,
     }
 }
 
@@ -1073,6 +1203,7 @@ mod tests {
             proxy: Some(ProxyRule::default()),
             rpdi: Some(RpdiRule::default()),
             closing: ClosingPolicy { closing_text: Some("Time is up.".to_owned()) },
+            boundaries: Boundaries::default(),
         };
         control.validate("thinking_control").unwrap();
         assert!(
@@ -1146,7 +1277,15 @@ mod tests {
             },
         ));
         (budget, load_aware, eat, proxy, rpdi).prop_map(|(budget_tokens, load_aware, eat, proxy, rpdi)| {
-            ThinkingControl { budget_tokens, load_aware, eat, proxy, rpdi, closing: ClosingPolicy::default() }
+            ThinkingControl {
+                budget_tokens,
+                load_aware,
+                eat,
+                proxy,
+                rpdi,
+                closing: ClosingPolicy::default(),
+                boundaries: Boundaries::default(),
+            }
         })
     }
 

@@ -306,6 +306,49 @@ fn ledger_and_class_counters_follow_the_request() {
     assert_eq!(core.num_requests(), 0);
 }
 
+#[test]
+fn recent_ttfat_attainment_follows_completions_and_ignores_aborts() {
+    let mut core = engine();
+    let interactive = core.config().class_by_name("interactive").unwrap().index();
+    assert_eq!(core.recent_ttfat_attainment()[interactive], None);
+    let ttfat_ms = core.config().classes[interactive].targets.ttfat_ms;
+    let run = |core: &mut Meridian, id: &str, answer_at_ms: f64, reason| {
+        let h = add_class(core, id, 0.0, 8, Some("interactive"));
+        core.on_tokens(1.0, h, &[WORD, END]).unwrap();
+        core.on_tokens(answer_at_ms, h, &[WORD]).unwrap();
+        core.finish(answer_at_ms, h, reason).unwrap();
+    };
+    run(&mut core, "met", 1.0, FinishReason::Stopped);
+    assert_eq!(core.recent_ttfat_attainment()[interactive], Some(1.0), "the first completion starts it");
+    run(&mut core, "missed", ttfat_ms * 2.0, FinishReason::Stopped);
+    let after_miss = core.recent_ttfat_attainment()[interactive].unwrap();
+    assert!((after_miss - (1.0 - 1.0 / RECENT_ATTAINMENT_REQUESTS)).abs() < 1e-12, "{after_miss}");
+    run(&mut core, "aborted", ttfat_ms * 2.0, FinishReason::Aborted);
+    assert_eq!(core.recent_ttfat_attainment()[interactive], Some(after_miss), "aborts do not count");
+}
+
+#[test]
+fn probes_run_in_the_parents_class_and_stay_out_of_the_books() {
+    let mut core = engine();
+    let parent = add_class(&mut core, "p", 0.0, 8, Some("interactive"));
+    core.on_tokens(1.0, parent, &[THINK, WORD, WORD]).unwrap();
+    let before = core.stats();
+    let probe = core.add_probe("p-probe-1", 2.0, &[5, 6, THINK, WORD, WORD, END], parent).unwrap();
+    core.on_tokens(3.0, probe, &[WORD]).unwrap();
+    assert_eq!(core.phase(probe).unwrap(), Phase::Answer, "the appended marker closed the reasoning");
+    let done = core.finish(3.0, probe, FinishReason::Length).unwrap();
+    assert_eq!(done.never_reusable_from_token, None, "the parent's reasoning blocks stay cached");
+    let interactive = core.config().class_by_name("interactive").unwrap();
+    assert_eq!(done.class, interactive);
+    assert_eq!(core.class_counters()[interactive.index()], ClassCounters::default());
+    assert_eq!(core.recent_ttfat_attainment()[interactive.index()], None);
+    let after = core.stats();
+    assert_eq!((after.num_added, after.num_finished), (before.num_added, before.num_finished));
+    assert_eq!((after.num_probes, after.num_probe_prompt_tokens), (1, 6));
+    let err = core.add_probe("q", 4.0, &[1], probe).unwrap_err();
+    assert!(matches!(err, Error::UnknownRequest { .. }), "{err}");
+}
+
 // ---- property tests -------------------------------------------------------------------------
 
 #[derive(Debug, Clone)]
