@@ -1,8 +1,11 @@
 """Type stubs of the Rust extension ``meridian._core`` (hand-written; checked by mypy.stubtest)."""
 
+from collections.abc import Sequence
 from typing import Literal, final
 
-__all__ = ["__version__", "Config", "FinishedRequest", "Meridian", "StepPlan", "kernel_source"]
+__all__ = [
+    "__version__", "Config", "FinishedRequest", "Meridian", "StepPlan", "ThinkingControl", "ThinkingStream", "kernel_source",
+]
 __version__: str
 
 def kernel_source(name: str) -> str:
@@ -32,6 +35,8 @@ class Config:
     @property
     def policy(self) -> Literal["meridian", "answer_first", "pascal"]: ...
     def class_targets(self, name: str) -> dict[str, float | int | None]: ...
+    def thinking_control(self, slo_class: str) -> ThinkingControl:
+        """The thinking control a class runs under (its own, else the top-level one)."""
 
 @final
 class StepPlan:
@@ -131,6 +136,8 @@ class Meridian:
             InvalidArgumentError: ``arrival_ms`` is not a finite, non-negative number.
         """
     def resolve_class(self, req_id: str, slo_class: str | None, priority: int) -> str: ...
+    def add_probe(self, req_id: str, arrival_ms: float, prompt_token_ids: Sequence[int], parent: int) -> int:
+        """Tracks an internal EAT probe of ``parent`` (its class, one token, kept out of the counters)."""
     def plan_step(self, now_ms: float, running: list[int], waiting: list[int], num_free_blocks: int) -> StepPlan: ...
     def on_preempted(self, now_ms: float, handle: int) -> tuple[str, bool]: ...
     def on_tokens_batch(self, now_ms: float, handles: list[int], counts: list[int], flat_token_ids: list[int]) -> None: ...
@@ -143,5 +150,67 @@ class Meridian:
     def handle_of(self, req_id: str) -> int | None: ...
     def stats(self) -> dict[str, int]: ...
     def class_counters(self) -> dict[str, dict[str, int]]: ...
+    def recent_ttfat_attainment(self) -> dict[str, float]:
+        """TTFAT attainment of each class's recent completions (classes with none are absent)."""
     def step_time_coefficients(self) -> tuple[float, float, float, float]:
         """``(base_ms, per_prefill_token_ms, per_decode_request_ms, per_context_token_ms)``."""
+
+
+@final
+class ThinkingControl:
+    """The thinking control in force for one request (validated)."""
+
+    @staticmethod
+    def for_request(base: ThinkingControl | None, thinking: str | None, budget_tokens: int | None) -> ThinkingControl:
+        """``base`` replaced by ``meridian_thinking`` (``"off"`` or a JSON object) and given the hard
+        budget ``meridian_thinking_budget_tokens``; raises ``RequestArgsError`` naming the argument."""
+    def is_enabled(self) -> bool: ...
+    def wants_token_entropy(self) -> bool: ...
+    def wants_end_token_stats(self) -> bool: ...
+    def wants_eat_probes(self) -> bool: ...
+    @property
+    def closing_text(self) -> str | None: ...
+
+@final
+class ThinkingStream:
+    """One request's thinking control, fed each sampled token in order."""
+
+    def __new__(
+        cls,
+        control: ThinkingControl,
+        prompt_token_ids: Sequence[int],
+        *,
+        start_ids: Sequence[int],
+        end_ids: Sequence[int],
+        forced_ids: Sequence[int],
+    ) -> ThinkingStream: ...
+    def forced_token(self) -> int | None: ...
+    def wants_signals(self) -> bool: ...
+    def on_token(
+        self,
+        token_id: int,
+        token_text: str,
+        entropy_nats: float | None = None,
+        end_prob: float | None = None,
+        end_rank: int | None = None,
+    ) -> str | None:
+        """Feeds one sampled token; returns the name of the rule that fired on it, if any."""
+    def take_probe_due(self) -> bool: ...
+    def on_eat_probe(self, eat_entropy_nats: float) -> str | None: ...
+    def set_ttfat_attainment(self, attainment: float) -> None: ...
+    @property
+    def phase(self) -> str: ...
+    @property
+    def fired_reason(self) -> str | None: ...
+    @property
+    def num_think_tokens(self) -> int: ...
+    @property
+    def num_lines(self) -> int: ...
+    @property
+    def num_eat_probes(self) -> int: ...
+    @property
+    def num_forced_tokens(self) -> int: ...
+    @property
+    def num_mismatched_forced(self) -> int: ...
+    @property
+    def control(self) -> ThinkingControl: ...

@@ -15,6 +15,7 @@ __all__ = [
     "DuplicateRequestError",
     "UnknownRequestError",
     "InvalidArgumentError",
+    "RequestArgsError",
     "UnsupportedVllmError",
     "TraceError",
     "ProfileError",
@@ -46,6 +47,11 @@ class UnknownRequestError(MeridianError, KeyError):
 
 class InvalidArgumentError(MeridianError, ValueError):
     """A per-request or per-step argument is out of range."""
+
+
+class RequestArgsError(InvalidArgumentError):
+    """A request's own ``vllm_xargs`` / ``extra_args`` for Meridian are wrong; the message names the
+    argument (dotted into its JSON value). vLLM rejects that request alone, with HTTP 400."""
 
 
 class UnsupportedVllmError(MeridianError, ImportError):

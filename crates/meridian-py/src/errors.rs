@@ -11,6 +11,7 @@ import_exception!(meridian.errors, UnknownSloClassError);
 import_exception!(meridian.errors, DuplicateRequestError);
 import_exception!(meridian.errors, UnknownRequestError);
 import_exception!(meridian.errors, InvalidArgumentError);
+import_exception!(meridian.errors, RequestArgsError);
 
 /// Converts a core error into the matching Python exception, message unchanged.
 pub(crate) fn to_py(err: Error) -> PyErr {
@@ -21,6 +22,7 @@ pub(crate) fn to_py(err: Error) -> PyErr {
         Error::DuplicateRequest { .. } => DuplicateRequestError::new_err(msg),
         Error::UnknownRequest { .. } => UnknownRequestError::new_err(msg),
         Error::InvalidArgument { .. } => InvalidArgumentError::new_err(msg),
+        Error::InvalidRequestArgs { .. } => RequestArgsError::new_err(msg),
     }
 }
 

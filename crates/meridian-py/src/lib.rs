@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 mod errors;
+mod thinking;
 
 use errors::to_py;
 
@@ -29,8 +30,8 @@ fn kernel_source(name: &str) -> PyResult<&'static str> {
 /// Validated Meridian configuration.
 #[pyclass(module = "meridian._core", name = "Config", frozen)]
 #[derive(Clone)]
-struct PyConfig {
-    inner: core::Config,
+pub(crate) struct PyConfig {
+    pub(crate) inner: core::Config,
 }
 
 #[pymethods]
@@ -79,6 +80,11 @@ impl PyConfig {
             core::Policy::AnswerFirst => "answer_first",
             core::Policy::Pascal => "pascal",
         }
+    }
+
+    /// The thinking control a class runs under (its own, else the top-level one).
+    fn thinking_control(&self, slo_class: &str) -> PyResult<thinking::PyThinkingControl> {
+        self.class_thinking_control(slo_class)
     }
 
     /// Targets of one class as a dict (`ttft_ms`, `ttfat_ms`, `answer_tpot_ms`, `e2e_ms`, `rank`).
@@ -184,6 +190,21 @@ impl PyMeridian {
             priority,
         };
         self.inner.add_request(req).map(|h| h.0).map_err(to_py)
+    }
+
+    /// Starts tracking an internal EAT probe of `parent` (its class, one token, kept out of the
+    /// counters); returns its handle.
+    fn add_probe(
+        &mut self,
+        req_id: &str,
+        arrival_ms: f64,
+        prompt_token_ids: Vec<u32>,
+        parent: u64,
+    ) -> PyResult<u64> {
+        self.inner
+            .add_probe(req_id, arrival_ms, &prompt_token_ids, core::ReqHandle(parent))
+            .map(|h| h.0)
+            .map_err(to_py)
     }
 
     /// Name of the class a request would get (raises `UnknownSloClassError`).
@@ -322,6 +343,8 @@ impl PyMeridian {
         d.set_item("num_answer_preemption_alarms", s.num_answer_preemption_alarms)?;
         d.set_item("num_reasoning_evictions", s.num_reasoning_evictions)?;
         d.set_item("num_step_samples", s.num_step_samples)?;
+        d.set_item("num_probes", s.num_probes)?;
+        d.set_item("num_probe_prompt_tokens", s.num_probe_prompt_tokens)?;
         Ok(d)
     }
 
@@ -340,6 +363,18 @@ impl PyMeridian {
             d.set_item("num_stalls", c.num_stalls)?;
             set_preemptions(&d, &c.num_preemptions)?;
             out.set_item(&class.name, d)?;
+        }
+        Ok(out)
+    }
+
+    /// TTFAT attainment of each class's recent completions (`{class: fraction}`; classes that
+    /// have completed nothing yet are absent).
+    fn recent_ttfat_attainment<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        for (class, recent) in self.inner.config().classes.iter().zip(self.inner.recent_ttfat_attainment()) {
+            if let Some(value) = recent {
+                out.set_item(&class.name, value)?;
+            }
         }
         Ok(out)
     }
@@ -400,6 +435,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMeridian>()?;
     m.add_class::<PyStepPlan>()?;
     m.add_class::<PyFinishedRequest>()?;
+    m.add_class::<thinking::PyThinkingControl>()?;
+    m.add_class::<thinking::PyThinkingStream>()?;
     m.add_function(wrap_pyfunction!(kernel_source, m)?)?;
     Ok(())
 }

@@ -160,3 +160,26 @@ def step_shape(output: SchedulerOutput, requests: dict[str, Request]) -> dict[st
         "num_decode_requests": num_decode_requests,
         "num_context_tokens": num_context_tokens,
     }
+
+
+def eat_probe(parent: Request, num_output_tokens: int, end_ids: list[int], serial: int) -> Request:
+    """An internal EAT probe of ``parent``: its prompt and first ``num_output_tokens`` outputs,
+    then the reasoning-end marker; one greedy token. It shares the parent's block hasher, LoRA and
+    cache salt, so everything up to the parent's last full block is a prefix-cache hit."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request as VllmRequest
+
+    from meridian.vllm.thinking import PROBE_FOR_ARG
+
+    outputs = list(parent.output_token_ids[:num_output_tokens])
+    params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={PROBE_FOR_ARG: parent.request_id})
+    return VllmRequest(
+        request_id=f"{parent.request_id}-meridian-eat-probe-{serial}",
+        prompt_token_ids=[*prompt_token_ids(parent), *outputs, *end_ids],
+        sampling_params=params,
+        pooling_params=None,
+        client_index=parent.client_index,
+        lora_request=parent.lora_request,
+        cache_salt=parent.cache_salt,
+        block_hasher=parent._block_hasher,
+    )

@@ -27,7 +27,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from meridian._core import FinishedRequest, Meridian
 from meridian.errors import MeridianError
-from meridian.vllm import convert
+from meridian.vllm import convert, thinking
+from meridian.vllm.bus import SchedulerEndpoint
 from meridian.vllm.queue import MeridianWaitingQueue
 
 if TYPE_CHECKING:
@@ -79,6 +80,13 @@ class MeridianScheduler(AsyncScheduler):
         self._request_log = convert.open_log(config.request_log_path, "request_log_path")
         self._step_log = convert.open_log(config.step_log_path, "step_log_path")
         self._last_output_ms: float | None = None
+        self._reasoning_end_ids = markers.end
+        #: Internal EAT probes in flight (their outputs never reach a client).
+        self._probe_ids: set[str] = set()
+        self._num_probes = 0
+        #: Probe prompt tokens served from the prefix cache (the rest is the probes' cost).
+        self.num_probe_cached_tokens = 0
+        self._bus = SchedulerEndpoint()
         self._install_queues()
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
@@ -105,9 +113,11 @@ class MeridianScheduler(AsyncScheduler):
             self._reject(request, str(exc))
             return
         setattr(request, HANDLE_ATTR, handle)
+        self._stamp_thinking_args(request, slo_class)
         super().add_request(request)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        self._add_probes()
         plan = self.meridian.plan_step(
             self.clock_ms(),
             [getattr(r, HANDLE_ATTR) for r in self.running],
@@ -131,6 +141,10 @@ class MeridianScheduler(AsyncScheduler):
         setattr(output, SHAPE_ATTR, (self.clock_ms(), convert.step_shape(output, self.requests)))
         if output.preempted_req_ids:
             self._record_preemptions(output.preempted_req_ids)
+        if self._probe_ids:
+            self.num_probe_cached_tokens += sum(
+                new.num_computed_tokens for new in output.scheduled_new_reqs if new.req_id in self._probe_ids
+            )
         return output
 
     def update_from_output(
@@ -148,6 +162,8 @@ class MeridianScheduler(AsyncScheduler):
         self._record_tokens(now_ms, outputs.values())
         self._log_step(now_ms, scheduler_output)
         self._emit_rejections(outputs)
+        self._drop_probe_outputs(outputs)
+        self._bus.publish_attainment(self.meridian.recent_ttfat_attainment())
         return outputs
 
     def has_requests(self) -> bool:
@@ -214,11 +230,58 @@ class MeridianScheduler(AsyncScheduler):
         if unseen:
             self.meridian.on_tokens_batch(now_ms, [handle], [len(unseen)], unseen)
         report = self.meridian.finish(now_ms, handle, convert.finish_reason(request.status))
+        if request.request_id in self._probe_ids:
+            return
         self.finished_reports.append(report)
         if self._request_log is not None:
             self._request_log.write(convert.report_json(report) + "\n")
         if report.never_reusable_from_token is not None:
             self._evict_never_reusable(request, report.never_reusable_from_token)
+
+    def _stamp_thinking_args(self, request: Request, slo_class: str | None) -> None:
+        # The logits processor sees sampling params, not requests: it learns the request's id
+        # (to pair EAT probes with it) and its class (for the class's thinking control) here.
+        params = request.sampling_params
+        if params is None:
+            return
+        extra = params.extra_args if params.extra_args is not None else {}
+        extra[thinking.REQ_ID_ARG] = request.request_id
+        extra[thinking.RESOLVED_CLASS_ARG] = self.meridian.resolve_class(
+            request.request_id, slo_class, request.priority
+        )
+        params.extra_args = extra
+
+    def _add_probes(self) -> None:
+        for parent_id, num_output_tokens in self._bus.take_probes():
+            parent = self.requests.get(parent_id)
+            handle = getattr(parent, HANDLE_ATTR, None) if parent is not None else None
+            if parent is None or handle is None or parent.is_finished():
+                continue  # the parent finished first: the probe would measure nothing
+            self._num_probes += 1
+            probe = convert.eat_probe(parent, num_output_tokens, self._reasoning_end_ids, self._num_probes)
+            probe_handle = self.meridian.add_probe(
+                probe.request_id, probe.arrival_time * 1000.0, list(probe.prompt_token_ids or []), handle
+            )
+            setattr(probe, HANDLE_ATTR, probe_handle)
+            self._probe_ids.add(probe.request_id)
+            super().add_request(probe)
+
+    def _drop_probe_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        if not self._probe_ids:
+            return
+        done: set[str] = set()
+        for batch in outputs.values():
+            kept = []
+            for out in batch.outputs:
+                if out.request_id in self._probe_ids:
+                    if out.finish_reason is not None:
+                        done.add(out.request_id)
+                else:
+                    kept.append(out)
+            batch.outputs = kept
+            if batch.finished_requests:
+                batch.finished_requests -= self._probe_ids
+        self._probe_ids -= {req_id for req_id in done if req_id not in self.requests}
 
     def _unseen_tokens(self, request: Request, handle: int) -> list[int]:
         num_seen = self.meridian.num_output_tokens(handle)
@@ -247,6 +310,7 @@ class MeridianScheduler(AsyncScheduler):
         self._step_log.write(json.dumps({**shape, "step_ms": round(now_ms - started_ms, 4)}) + "\n")
 
     def shutdown(self) -> None:
+        self._bus.close()
         for log in (self._request_log, self._step_log):
             if log is not None:
                 log.close()

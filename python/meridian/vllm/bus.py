@@ -1,0 +1,205 @@
+"""The channel between ``MeridianScheduler`` and ``MeridianThinkingProcessor``.
+
+vLLM builds the scheduler in the engine-core process and the logits processors in the worker
+that runs the model. In vLLM's default single-GPU layout (``UniProcExecutor``) that worker lives
+in the engine-core process; on the CPU build (``MultiprocExecutor``, forced by the platform) and
+with tensor parallelism it is a child process of it. Two things cross: the worker asks for EAT
+probes (parent ``req_id`` and how many of its output tokens the probe covers; the scheduler
+builds the probe from the parent it holds), and the scheduler publishes each class's recent
+TTFAT attainment (the load-aware budget). In one process both go through memory; across
+processes the worker finds the engine core by its parent pid: probes travel as datagrams on a
+Unix socket the scheduler binds, attainment as a small JSON file it rewrites when a value
+changes (at most ten times a second) and the worker re-reads at most four times a second. Invariant: nothing here blocks either side; a lost probe request only delays an EAT
+decision, a missing attainment only means no tightening.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+logger = logging.getLogger("meridian")
+
+#: Least seconds between two writes of the attainment file (it changes only when a request
+#: completes; a busy server completes many a second).
+ATTAINMENT_WRITE_PERIOD_S = 0.1
+#: Least seconds between a worker's re-reads of the attainment file.
+ATTAINMENT_READ_PERIOD_S = 0.25
+#: Probe requests held in memory at most (older ones are dropped: they would be stale anyway).
+MAX_PENDING_PROBES = 4096
+_DATAGRAM_BYTES = 4096
+
+_LOCAL: dict[int, SchedulerEndpoint] = {}
+_LOCAL_LOCK = threading.Lock()
+
+
+def bus_dir() -> Path:
+    """Where sockets and attainment files live (``MERIDIAN_BUS_DIR``, else the temp directory)."""
+    return Path(os.environ.get("MERIDIAN_BUS_DIR") or tempfile.gettempdir())
+
+
+def _socket_path(engine_pid: int) -> Path:
+    return bus_dir() / f"meridian-{engine_pid}.sock"
+
+
+def _attainment_path(engine_pid: int) -> Path:
+    return bus_dir() / f"meridian-{engine_pid}.attainment.json"
+
+
+class SchedulerEndpoint:
+    """The scheduler's end: receives probe requests, publishes attainment."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self._pending: deque[tuple[str, int]] = deque(maxlen=MAX_PENDING_PROBES)
+        self._lock = threading.Lock()
+        self._attainment: dict[str, float] = {}
+        self._published_at = 0.0
+        self._dirty = False
+        self._sock: socket.socket | None = None
+        path = _socket_path(self.pid)
+        try:
+            path.unlink(missing_ok=True)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.bind(str(path))
+            sock.setblocking(False)
+            self._sock = sock
+        except OSError as exc:
+            # Only workers in other processes need the socket; in-process ones still work.
+            logger.warning("meridian: cannot bind %s (%s); EAT probes work only in-process", path, exc)
+        with _LOCAL_LOCK:
+            _LOCAL[self.pid] = self
+
+    def post_probe(self, parent_req_id: str, num_output_tokens: int) -> None:
+        """In-process probe request."""
+        with self._lock:
+            self._pending.append((parent_req_id, num_output_tokens))
+
+    def take_probes(self) -> list[tuple[str, int]]:
+        """Every probe request since the last call, oldest first."""
+        self._drain_socket()
+        with self._lock:
+            probes = list(self._pending)
+            self._pending.clear()
+        return probes
+
+    def _drain_socket(self) -> None:
+        if self._sock is None:
+            return
+        while True:
+            try:
+                data = self._sock.recv(_DATAGRAM_BYTES)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            probe = _decode_probe(data)
+            if probe is not None:
+                with self._lock:
+                    self._pending.append(probe)
+
+    def publish_attainment(self, attainment: dict[str, float]) -> None:
+        """Records each class's recent TTFAT attainment. Other processes see a change at once, or
+        within 0.1 s of activity when changes come faster (a deferred write goes out with a later
+        call)."""
+        if attainment != self._attainment:
+            self._attainment = dict(attainment)
+            self._dirty = True
+        now = time.monotonic()
+        if not self._dirty or now - self._published_at < ATTAINMENT_WRITE_PERIOD_S:
+            return
+        self._published_at = now
+        self._dirty = False
+        path = _attainment_path(self.pid)
+        try:
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self._attainment))
+            os.replace(tmp, path)
+        except OSError as exc:
+            logger.debug("meridian: cannot write %s: %s", path, exc)
+
+    def attainment(self) -> dict[str, float]:
+        return self._attainment
+
+    def close(self) -> None:
+        with _LOCAL_LOCK:
+            if _LOCAL.get(self.pid) is self:
+                del _LOCAL[self.pid]
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        for path in (_socket_path(self.pid), _attainment_path(self.pid)):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+
+def _decode_probe(data: bytes) -> tuple[str, int] | None:
+    try:
+        message = json.loads(data)
+        req_id, num_tokens = message["req_id"], message["num_output_tokens"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(req_id, str) or not isinstance(num_tokens, int) or num_tokens < 0:
+        return None
+    return req_id, num_tokens
+
+
+class WorkerEndpoint:
+    """The logits processor's end: finds the scheduler lazily (it is built after the workers)."""
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._attainment: dict[str, float] = {}
+        self._read_at = 0.0
+        self._warned = False
+
+    def _local(self) -> SchedulerEndpoint | None:
+        with _LOCAL_LOCK:
+            return _LOCAL.get(os.getpid())
+
+    def request_probe(self, parent_req_id: str, num_output_tokens: int) -> None:
+        """Asks the scheduler for an EAT probe of ``parent_req_id`` over its first
+        ``num_output_tokens`` output tokens."""
+        local = self._local()
+        if local is not None:
+            local.post_probe(parent_req_id, num_output_tokens)
+            return
+        message = json.dumps({"req_id": parent_req_id, "num_output_tokens": num_output_tokens}).encode()
+        try:
+            if self._sock is None:
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._sock.setblocking(False)
+            self._sock.sendto(message, str(_socket_path(os.getppid())))
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                logger.warning(
+                    "meridian: no MeridianScheduler reachable for EAT probes (%s); EAT needs "
+                    "--scheduler-cls meridian.vllm.MeridianScheduler",
+                    exc,
+                )
+
+    def attainment(self) -> dict[str, float]:
+        """Each class's recent TTFAT attainment (empty until the scheduler has published one)."""
+        local = self._local()
+        if local is not None:
+            return local.attainment()
+        now = time.monotonic()
+        if now - self._read_at >= ATTAINMENT_READ_PERIOD_S:
+            self._read_at = now
+            try:
+                loaded = json.loads(_attainment_path(os.getppid()).read_text())
+                if isinstance(loaded, dict):
+                    self._attainment = {str(k): float(v) for k, v in loaded.items()}
+            except (OSError, ValueError, TypeError):
+                pass
+        return self._attainment

@@ -1,0 +1,403 @@
+"""``MeridianThinkingProcessor``: thinking control inside vLLM, as a V1 logits processor.
+
+Selected with ``--logits-processors meridian.vllm.thinking:MeridianThinkingProcessor`` next to
+``--scheduler-cls meridian.vllm.MeridianScheduler``; it reads the same ``meridian`` block of
+``--additional-config`` (``thinking_control``, top level or per class) and each request's
+``vllm_xargs`` (``meridian_thinking``: ``"off"`` or a JSON object; ``meridian_thinking_budget_tokens``),
+which ``validate_params`` checks at admission so a bad value fails that request with HTTP 400.
+Each step, before sampling, it (1) hands every controlled request's newly sampled tokens to its
+core ``ThinkingStream`` together with the signals measured on the distribution each came from
+(one step late: measured at step *t*, used when token *t* is seen at *t + 1*); (2) masks the
+logits of a request the core is forcing to the one forced token (closing text, then vLLM's
+reasoning-end tokens); (3) measures this step's rows that the core wants measured: the NumPy
+reference on CPU, the ``logits_stats`` kernel on a side CUDA stream on GPU; (4) asks the
+scheduler for EAT probes through ``meridian.vllm.bus`` and feeds probe results back. Which
+model runner: the CPU build and ``VLLM_USE_V2_MODEL_RUNNER=0`` run this V1 interface; the V2
+runner (the GPU default in vLLM 0.32) has its own processor interface, not covered yet.
+Invariant: the processor decides nothing (the core does) and changes no logits of a request
+that is not being forced; with no request under control it returns the logits untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from meridian._core import ThinkingControl, ThinkingStream
+from meridian.errors import MeridianError, RequestArgsError
+from meridian.vllm import convert
+from meridian.vllm.bus import WorkerEndpoint
+
+if TYPE_CHECKING:
+    from vllm import SamplingParams
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger("meridian")
+
+#: Per-request control: ``"off"`` or a JSON object with the keys of ``thinking_control``.
+THINKING_ARG = "meridian_thinking"
+#: Per-request hard thinking budget, in tokens.
+THINKING_BUDGET_ARG = "meridian_thinking_budget_tokens"
+#: Stamped by ``MeridianScheduler``: the request's id and resolved class (the processor sees
+#: neither otherwise).
+REQ_ID_ARG = "meridian_req_id"
+RESOLVED_CLASS_ARG = "meridian_resolved_class"
+#: Set on an internal EAT probe: the ``req_id`` it measures.
+PROBE_FOR_ARG = "meridian_probe_for"
+#: Streams of requests that left the batch, kept so a preempted request resumes where it was.
+MAX_PARKED_STREAMS = 4096
+
+
+def request_control(base: ThinkingControl | None, extra_args: dict[str, Any] | None) -> ThinkingControl:
+    """The request's control from ``base`` and its ``vllm_xargs``; raises ``RequestArgsError``."""
+    extra = extra_args or {}
+    thinking = extra.get(THINKING_ARG)
+    budget = extra.get(THINKING_BUDGET_ARG)
+    if isinstance(thinking, dict):
+        # extra_args given directly (offline LLM API) may carry the object itself.
+        thinking = json.dumps(thinking)
+    if thinking is not None and not isinstance(thinking, str):
+        raise RequestArgsError(
+            f"invalid request argument `{THINKING_ARG}`: {thinking!r} must be \"off\" or a JSON object"
+        )
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
+        raise RequestArgsError(
+            f"invalid request argument `{THINKING_BUDGET_ARG}`: {budget!r} must be a whole number of tokens"
+        )
+    return ThinkingControl.for_request(base, thinking, budget)
+
+
+@dataclass(eq=False)
+class _Controlled:
+    """One controlled request as the processor tracks it."""
+
+    req_id: str | None
+    slo_class: str
+    stream: ThinkingStream
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    num_seen: int = 0
+    #: Signals measured per output position: the row measured when the output held `position`
+    #: tokens is the distribution that token `position` is sampled from.
+    signals: dict[int, Signals] = field(default_factory=dict)
+    reported: bool = False
+
+
+@dataclass(eq=False)
+class _Probe:
+    parent_req_id: str
+    entropy_nats: float | None = None
+    removed: bool = False
+
+
+@dataclass
+class ThinkingOutcome:
+    """How one request's reasoning ended (kept for tests, the demo and operators)."""
+
+    req_id: str | None
+    slo_class: str
+    reason: str | None
+    num_think_tokens: int
+    num_forced_tokens: int
+    num_eat_probes: int
+
+
+#: (entropy in nats, end-token probability, end-token rank) of one logits row.
+Signals = tuple[float, float, int]
+#: What a measured row belongs to: a controlled request at an output position, or a probe.
+Tag = tuple["_Controlled | _Probe", int]
+
+
+class CpuMeter:
+    """Signals of selected rows, computed at once by the NumPy reference (float64)."""
+
+    def __init__(self) -> None:
+        self._ready: list[tuple[Tag, Signals]] = []
+
+    def submit(self, logits: torch.Tensor, rows: list[int], tags: list[Tag], end_token_id: int) -> None:
+        from meridian.kernels.reference import logits_stats_reference
+
+        if not rows:
+            return
+        stats = logits_stats_reference(logits[rows].float().cpu().numpy(), [end_token_id])
+        for i, tag in enumerate(tags):
+            values = (float(stats.entropy[i]), float(stats.target_prob[i, 0]), int(stats.target_rank[i, 0]))
+            self._ready.append((tag, values))
+
+    def collect(self) -> list[tuple[Tag, Signals]]:
+        ready, self._ready = self._ready, []
+        return ready
+
+
+class CudaMeter:
+    """Signals of selected rows from the ``logits_stats`` kernel, launched on a side stream that
+    waits for the logits (an event, no device synchronisation) and copied to pinned host memory.
+    ``collect`` only takes what has finished (``Event.query``), so the host never waits for the
+    device; results are tagged, so arriving a step later than usual does not misplace them."""
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._stream = torch.cuda.Stream(device)
+        self._in_flight: list[tuple[list[Tag], torch.Tensor, torch.cuda.Event]] = []
+
+    def submit(self, logits: torch.Tensor, rows: list[int], tags: list[Tag], end_token_id: int) -> None:
+        from meridian.kernels.launch import logits_stats
+
+        if not rows:
+            return
+        produced = torch.cuda.Event()
+        produced.record(torch.cuda.current_stream(self._device))
+        with torch.cuda.stream(self._stream):
+            self._stream.wait_event(produced)
+            index = torch.tensor(rows, dtype=torch.long).to(self._device, non_blocking=True)
+            selected = logits.index_select(0, index)
+            targets = torch.tensor([end_token_id], dtype=torch.int32).to(self._device, non_blocking=True)
+            stats = logits_stats(selected, targets, stream=self._stream)
+            packed = torch.stack([stats.entropy, stats.target_prob[:, 0], stats.target_rank[:, 0].float()], dim=1)
+            host = torch.empty(packed.shape, dtype=torch.float32, pin_memory=True)
+            host.copy_(packed, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self._stream)
+        # The sampler may free the logits while the side stream still reads them.
+        logits.record_stream(self._stream)
+        self._in_flight.append((tags, host, done))
+
+    def collect(self) -> list[tuple[Tag, Signals]]:
+        ready: list[tuple[Tag, Signals]] = []
+        while self._in_flight and self._in_flight[0][2].query():
+            tags, host, _done = self._in_flight.pop(0)
+            ready.extend((tag, (v[0], v[1], int(v[2]))) for tag, v in zip(tags, host.tolist()))
+        return ready
+
+
+class MeridianThinkingProcessor(LogitsProcessor):
+    """Ends reasoning early by the core's thinking-control rules (see the module docs)."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        # Runs in the frontend without the server's configuration: checks the request's own
+        # arguments against the defaults; class names are the scheduler's to check.
+        try:
+            request_control(None, sampling_params.extra_args)
+        except MeridianError as exc:
+            raise ValueError(str(exc)) from exc
+
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
+        self._config = convert.config_from_vllm(vllm_config)
+        markers = convert.reasoning_markers(vllm_config, self._config)
+        reasoning = vllm_config.reasoning_config
+        forced_end = list(reasoning.reasoning_end_token_ids or []) if reasoning is not None else []
+        self._start_ids = markers.start
+        self._end_ids = markers.end
+        self._forced_end_ids = forced_end or markers.end
+        self._tokenizer = _tokenizer(vllm_config)
+        self._meter: CpuMeter | CudaMeter = CudaMeter(device) if device.type == "cuda" else CpuMeter()
+        self._bus = WorkerEndpoint()
+        self._rows: dict[int, _Controlled] = {}
+        self._probes: dict[int, _Probe] = {}
+        self._by_req_id: dict[str, _Controlled] = {}
+        self._parked: OrderedDict[str, _Controlled] = OrderedDict()
+        self._texts: dict[int, str] = {}
+        self._closing_ids: dict[str, list[int]] = {}
+        self.outcomes: list[ThinkingOutcome] = []
+        if not self._end_ids:
+            logger.info("meridian: no --reasoning-parser; thinking control is off")
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    # ---- batch bookkeeping --------------------------------------------------------------------
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self._absorb(self._meter.collect())
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self._remove_row(index)
+        for index, params, prompt_ids, output_ids in batch_update.added:
+            self._remove_row(index)
+            self._add_row(index, params, prompt_ids or [], output_ids)
+        for a, b, direction in batch_update.moved:
+            self._move_row(a, b, direction)
+
+    def _add_row(self, index: int, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> None:
+        extra = params.extra_args or {}
+        parent = extra.get(PROBE_FOR_ARG)
+        if isinstance(parent, str):
+            self._probes[index] = _Probe(parent)
+            return
+        if not self._end_ids:
+            return
+        req_id = extra.get(REQ_ID_ARG) if isinstance(extra.get(REQ_ID_ARG), str) else None
+        parked = self._parked.pop(req_id, None) if req_id is not None else None
+        if parked is not None:
+            # A preempted request resumes: same stream, the runner's new output list.
+            parked.output_token_ids = output_ids
+            self._rows[index] = parked
+            self._by_req_id[req_id] = parked  # type: ignore[index]
+            return
+        controlled = self._new_controlled(req_id, extra, prompt_ids, output_ids)
+        if controlled is not None:
+            self._rows[index] = controlled
+            if req_id is not None:
+                self._by_req_id[req_id] = controlled
+
+    def _new_controlled(
+        self, req_id: str | None, extra: dict[str, Any], prompt_ids: list[int], output_ids: list[int]
+    ) -> _Controlled | None:
+        requested = extra.get(RESOLVED_CLASS_ARG) or extra.get(convert.CLASS_ARG)
+        known = isinstance(requested, str) and requested in self._config.class_names
+        slo_class = requested if known else self._config.default_class
+        try:
+            control = request_control(self._config.thinking_control(slo_class), extra)
+        except MeridianError as exc:
+            # validate_params rejected this at admission; reaching here means a caller bypassed it.
+            logger.warning("meridian: thinking control off for request %s: %s", req_id, exc)
+            return None
+        if not control.is_enabled():
+            return None
+        forced = self._closing_token_ids(control.closing_text) + self._forced_end_ids
+        stream = ThinkingStream(
+            control, prompt_ids, start_ids=self._start_ids, end_ids=self._end_ids, forced_ids=forced
+        )
+        return _Controlled(req_id, slo_class, stream, prompt_ids, output_ids)
+
+    def _closing_token_ids(self, text: str | None) -> list[int]:
+        if not text or self._tokenizer is None:
+            return []
+        if text not in self._closing_ids:
+            self._closing_ids[text] = list(self._tokenizer.encode(text, add_special_tokens=False))
+        return self._closing_ids[text]
+
+    def _remove_row(self, index: int) -> None:
+        probe = self._probes.pop(index, None)
+        if probe is not None:
+            probe.removed = True
+            self._deliver_probe(probe)
+        controlled = self._rows.pop(index, None)
+        if controlled is None:
+            return
+        self._consume_tokens(controlled)
+        self._record_outcome(controlled)
+        if controlled.req_id is not None:
+            self._by_req_id.pop(controlled.req_id, None)
+            if controlled.stream.phase != "answering":
+                self._parked[controlled.req_id] = controlled
+                while len(self._parked) > MAX_PARKED_STREAMS:
+                    self._parked.popitem(last=False)
+
+    def _move_row(self, a: int, b: int, direction: MoveDirectionality) -> None:
+        for table in (self._rows, self._probes):
+            first, second = table.pop(a, None), table.pop(b, None)
+            if first is not None:
+                table[b] = first  # type: ignore[assignment]
+            if second is not None and direction == MoveDirectionality.SWAP:
+                table[a] = second  # type: ignore[assignment]
+
+    # ---- the step -------------------------------------------------------------------------------
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self._rows and not self._probes:
+            return logits
+        self._absorb(self._meter.collect())
+        attainment = self._bus.attainment()
+        rows: list[int] = []
+        tags: list[Tag] = []
+        for row, controlled in self._rows.items():
+            controlled.stream.set_ttfat_attainment(attainment.get(controlled.slo_class, float("nan")))
+            self._consume_tokens(controlled)
+            forced = controlled.stream.forced_token()
+            if forced is not None and 0 <= forced < logits.shape[1]:
+                logits[row].fill_(float("-inf"))
+                logits[row, forced] = 0.0
+            elif controlled.stream.wants_signals():
+                rows.append(row)
+                tags.append((controlled, len(controlled.output_token_ids)))
+        for row, probe in self._probes.items():
+            rows.append(row)
+            tags.append((probe, 0))
+        self._meter.submit(logits, rows, tags, self._end_ids[0] if self._end_ids else 0)
+        return logits
+
+    def _absorb(self, measured: list[tuple[Tag, Signals]]) -> None:
+        for (owner, position), values in measured:
+            if isinstance(owner, _Probe):
+                owner.entropy_nats = values[0]
+                if owner.removed:
+                    self._deliver_probe(owner)
+            elif position >= owner.num_seen:
+                owner.signals[position] = values
+
+    def _consume_tokens(self, controlled: _Controlled) -> None:
+        output = controlled.output_token_ids
+        while controlled.num_seen < len(output):
+            token = output[controlled.num_seen]
+            if token < 0:
+                return  # an async placeholder: the real id arrives next step
+            position = controlled.num_seen
+            controlled.num_seen += 1
+            signals = controlled.signals.pop(position, None)
+            entropy, prob, rank = signals if signals is not None else (None, None, None)
+            fired = controlled.stream.on_token(token, self._token_text(token), entropy, prob, rank)
+            if fired is not None:
+                logger.info(
+                    "meridian: request %s thinking ended by %s after %d tokens",
+                    controlled.req_id, fired, controlled.stream.num_think_tokens,
+                )
+            if controlled.stream.take_probe_due() and controlled.req_id is not None:
+                self._bus.request_probe(controlled.req_id, controlled.num_seen)
+        # Measurements for positions already passed (a preemption replayed them) are stale.
+        for stale in [p for p in controlled.signals if p < controlled.num_seen]:
+            del controlled.signals[stale]
+
+    def _deliver_probe(self, probe: _Probe) -> None:
+        controlled = self._by_req_id.get(probe.parent_req_id) or self._parked.get(probe.parent_req_id)
+        if controlled is None or probe.entropy_nats is None:
+            return
+        probe.entropy_nats, value = None, probe.entropy_nats
+        probe.removed = False
+        fired = controlled.stream.on_eat_probe(value)
+        if fired is not None:
+            logger.info(
+                "meridian: request %s thinking ended by eat after %d tokens (%d probes)",
+                controlled.req_id, controlled.stream.num_think_tokens, controlled.stream.num_eat_probes,
+            )
+
+    def _record_outcome(self, controlled: _Controlled) -> None:
+        stream = controlled.stream
+        if controlled.reported or stream.phase != "answering":
+            return
+        controlled.reported = True
+        self.outcomes.append(
+            ThinkingOutcome(
+                req_id=controlled.req_id,
+                slo_class=controlled.slo_class,
+                reason=stream.fired_reason,
+                num_think_tokens=stream.num_think_tokens,
+                num_forced_tokens=stream.num_forced_tokens,
+                num_eat_probes=stream.num_eat_probes,
+            )
+        )
+        del self.outcomes[: max(0, len(self.outcomes) - MAX_PARKED_STREAMS)]
+
+    def _token_text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self._tokenizer.decode([token_id]) if self._tokenizer is not None else ""
+            self._texts[token_id] = text
+        return text
+
+
+def _tokenizer(vllm_config: VllmConfig) -> Any:
+    model_config = vllm_config.model_config
+    if model_config is None or model_config.skip_tokenizer_init:
+        return None
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    return cached_tokenizer_from_config(model_config=model_config)
