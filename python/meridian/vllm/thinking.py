@@ -9,13 +9,15 @@ Each step, before sampling, it (1) hands every controlled request's newly sample
 core ``ThinkingStream`` together with the signals measured on the distribution each came from
 (one step late: measured at step *t*, used when token *t* is seen at *t + 1*); (2) masks the
 logits of a request the core is forcing to the one forced token (closing text, then vLLM's
-reasoning-end tokens); (3) measures this step's rows that the core wants measured: the NumPy
-reference on CPU, the ``logits_stats`` kernel on a side CUDA stream on GPU; (4) asks the
+reasoning-end tokens); (3) measures this step's rows that the core wants measured: torch on
+CPU, the ``logits_stats`` kernel on a side CUDA stream on GPU; (4) asks the
 scheduler for EAT probes through ``meridian.vllm.bus`` and feeds probe results back. Which
 model runner: the CPU build and ``VLLM_USE_V2_MODEL_RUNNER=0`` run this V1 interface; the V2
 runner (the GPU default in vLLM 0.32) has its own processor interface, not covered yet.
 Invariant: the processor decides nothing (the core does) and changes no logits of a request
-that is not being forced; with no request under control it returns the logits untouched.
+that is not being forced; with no request under control it returns the logits untouched; a
+failure while handling one request drops that request's control (logged), never the request
+and never the engine.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from meridian._core import ThinkingControl, ThinkingStream
 from meridian.errors import MeridianError, RequestArgsError
+from meridian.kernels.meter import CpuMeter, CudaMeter, Signals
 from meridian.vllm import convert
 from meridian.vllm.bus import WorkerEndpoint
 
@@ -96,6 +99,10 @@ class _Probe:
     removed: bool = False
 
 
+#: What a measured row belongs to: a controlled request at an output position, or a probe.
+Tag = tuple["_Controlled | _Probe", int]
+
+
 @dataclass
 class ThinkingOutcome:
     """How one request's reasoning ended (kept for tests, the demo and operators)."""
@@ -106,74 +113,6 @@ class ThinkingOutcome:
     num_think_tokens: int
     num_forced_tokens: int
     num_eat_probes: int
-
-
-#: (entropy in nats, end-token probability, end-token rank) of one logits row.
-Signals = tuple[float, float, int]
-#: What a measured row belongs to: a controlled request at an output position, or a probe.
-Tag = tuple["_Controlled | _Probe", int]
-
-
-class CpuMeter:
-    """Signals of selected rows, computed at once by the NumPy reference (float64)."""
-
-    def __init__(self) -> None:
-        self._ready: list[tuple[Tag, Signals]] = []
-
-    def submit(self, logits: torch.Tensor, rows: list[int], tags: list[Tag], end_token_id: int) -> None:
-        from meridian.kernels.reference import logits_stats_reference
-
-        if not rows:
-            return
-        stats = logits_stats_reference(logits[rows].float().cpu().numpy(), [end_token_id])
-        for i, tag in enumerate(tags):
-            values = (float(stats.entropy[i]), float(stats.target_prob[i, 0]), int(stats.target_rank[i, 0]))
-            self._ready.append((tag, values))
-
-    def collect(self) -> list[tuple[Tag, Signals]]:
-        ready, self._ready = self._ready, []
-        return ready
-
-
-class CudaMeter:
-    """Signals of selected rows from the ``logits_stats`` kernel, launched on a side stream that
-    waits for the logits (an event, no device synchronisation) and copied to pinned host memory.
-    ``collect`` only takes what has finished (``Event.query``), so the host never waits for the
-    device; results are tagged, so arriving a step later than usual does not misplace them."""
-
-    def __init__(self, device: torch.device) -> None:
-        self._device = device
-        self._stream = torch.cuda.Stream(device)
-        self._in_flight: list[tuple[list[Tag], torch.Tensor, torch.cuda.Event]] = []
-
-    def submit(self, logits: torch.Tensor, rows: list[int], tags: list[Tag], end_token_id: int) -> None:
-        from meridian.kernels.launch import logits_stats
-
-        if not rows:
-            return
-        produced = torch.cuda.Event()
-        produced.record(torch.cuda.current_stream(self._device))
-        with torch.cuda.stream(self._stream):
-            self._stream.wait_event(produced)
-            index = torch.tensor(rows, dtype=torch.long).to(self._device, non_blocking=True)
-            selected = logits.index_select(0, index)
-            targets = torch.tensor([end_token_id], dtype=torch.int32).to(self._device, non_blocking=True)
-            stats = logits_stats(selected, targets, stream=self._stream)
-            packed = torch.stack([stats.entropy, stats.target_prob[:, 0], stats.target_rank[:, 0].float()], dim=1)
-            host = torch.empty(packed.shape, dtype=torch.float32, pin_memory=True)
-            host.copy_(packed, non_blocking=True)
-            done = torch.cuda.Event()
-            done.record(self._stream)
-        # The sampler may free the logits while the side stream still reads them.
-        logits.record_stream(self._stream)
-        self._in_flight.append((tags, host, done))
-
-    def collect(self) -> list[tuple[Tag, Signals]]:
-        ready: list[tuple[Tag, Signals]] = []
-        while self._in_flight and self._in_flight[0][2].query():
-            tags, host, _done = self._in_flight.pop(0)
-            ready.extend((tag, (v[0], v[1], int(v[2]))) for tag, v in zip(tags, host.tolist()))
-        return ready
 
 
 class MeridianThinkingProcessor(LogitsProcessor):
@@ -215,14 +154,19 @@ class MeridianThinkingProcessor(LogitsProcessor):
     # ---- batch bookkeeping --------------------------------------------------------------------
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        self._absorb(self._meter.collect())
+        self._absorb(self._collect())
         if batch_update is None:
             return
         for index in batch_update.removed:
             self._remove_row(index)
         for index, params, prompt_ids, output_ids in batch_update.added:
             self._remove_row(index)
-            self._add_row(index, params, prompt_ids or [], output_ids)
+            try:
+                self._add_row(index, params, prompt_ids or [], output_ids)
+            except Exception:  # noqa: BLE001 - the request runs on, uncontrolled
+                logger.exception("meridian: thinking control could not take up a request; it runs without")
+                self._rows.pop(index, None)
+                self._probes.pop(index, None)
         for a, b, direction in batch_update.moved:
             self._move_row(a, b, direction)
 
@@ -252,8 +196,9 @@ class MeridianThinkingProcessor(LogitsProcessor):
         self, req_id: str | None, extra: dict[str, Any], prompt_ids: list[int], output_ids: list[int]
     ) -> _Controlled | None:
         requested = extra.get(RESOLVED_CLASS_ARG) or extra.get(convert.CLASS_ARG)
-        known = isinstance(requested, str) and requested in self._config.class_names
-        slo_class = requested if known else self._config.default_class
+        slo_class = self._config.default_class
+        if isinstance(requested, str) and requested in self._config.class_names:
+            slo_class = requested
         try:
             control = request_control(self._config.thinking_control(slo_class), extra)
         except MeridianError as exc:
@@ -305,25 +250,51 @@ class MeridianThinkingProcessor(LogitsProcessor):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self._rows and not self._probes:
             return logits
-        self._absorb(self._meter.collect())
+        self._absorb(self._collect())
         attainment = self._bus.attainment()
         rows: list[int] = []
         tags: list[Tag] = []
-        for row, controlled in self._rows.items():
-            controlled.stream.set_ttfat_attainment(attainment.get(controlled.slo_class, float("nan")))
-            self._consume_tokens(controlled)
-            forced = controlled.stream.forced_token()
-            if forced is not None and 0 <= forced < logits.shape[1]:
-                logits[row].fill_(float("-inf"))
-                logits[row, forced] = 0.0
-            elif controlled.stream.wants_signals():
-                rows.append(row)
-                tags.append((controlled, len(controlled.output_token_ids)))
+        for row, controlled in list(self._rows.items()):
+            try:
+                if self._step_row(logits, row, controlled, attainment):
+                    rows.append(row)
+                    tags.append((controlled, len(controlled.output_token_ids)))
+            except Exception:  # noqa: BLE001 - one request's fault must not take the engine down
+                self._release(row, controlled)
         for row, probe in self._probes.items():
             rows.append(row)
             tags.append((probe, 0))
-        self._meter.submit(logits, rows, tags, self._end_ids[0] if self._end_ids else 0)
+        try:
+            self._meter.submit(logits, rows, tags, self._end_ids[0] if self._end_ids else 0)
+        except Exception:  # noqa: BLE001 - without signals the rules wait; serving goes on
+            logger.exception("meridian: measuring thinking signals failed this step")
         return logits
+
+    def _step_row(self, logits: torch.Tensor, row: int, controlled: _Controlled, attainment: dict[str, float]) -> bool:
+        """Brings one request's stream up to date and masks its row if forcing; returns whether
+        its row is to be measured."""
+        controlled.stream.set_ttfat_attainment(attainment.get(controlled.slo_class, float("nan")))
+        self._consume_tokens(controlled)
+        forced = controlled.stream.forced_token()
+        if forced is not None and 0 <= forced < logits.shape[1]:
+            logits[row].fill_(float("-inf"))
+            logits[row, forced] = 0.0
+            return False
+        return controlled.stream.wants_signals()
+
+    def _release(self, row: int, controlled: _Controlled) -> None:
+        """Drops control of a request whose step failed; the request itself runs on, uncontrolled."""
+        logger.exception("meridian: thinking control failed for request %s; it continues without", controlled.req_id)
+        self._rows.pop(row, None)
+        if controlled.req_id is not None:
+            self._by_req_id.pop(controlled.req_id, None)
+
+    def _collect(self) -> list[tuple[Tag, Signals]]:
+        try:
+            return self._meter.collect()
+        except Exception:  # noqa: BLE001 - lost signals only delay a decision
+            logger.exception("meridian: collecting thinking signals failed")
+            return []
 
     def _absorb(self, measured: list[tuple[Tag, Signals]]) -> None:
         for (owner, position), values in measured:
@@ -346,10 +317,7 @@ class MeridianThinkingProcessor(LogitsProcessor):
             entropy, prob, rank = signals if signals is not None else (None, None, None)
             fired = controlled.stream.on_token(token, self._token_text(token), entropy, prob, rank)
             if fired is not None:
-                logger.info(
-                    "meridian: request %s thinking ended by %s after %d tokens",
-                    controlled.req_id, fired, controlled.stream.num_think_tokens,
-                )
+                self._report_stop(controlled, fired)
             if controlled.stream.take_probe_due() and controlled.req_id is not None:
                 self._bus.request_probe(controlled.req_id, controlled.num_seen)
         # Measurements for positions already passed (a preemption replayed them) are stale.
@@ -360,14 +328,21 @@ class MeridianThinkingProcessor(LogitsProcessor):
         controlled = self._by_req_id.get(probe.parent_req_id) or self._parked.get(probe.parent_req_id)
         if controlled is None or probe.entropy_nats is None:
             return
-        probe.entropy_nats, value = None, probe.entropy_nats
+        value = probe.entropy_nats
+        probe.entropy_nats = None
         probe.removed = False
+        # Tokens sampled since the probe was asked for are thinking already done: the stream must
+        # count them before the probe can end the reasoning, so forcing starts at the next one.
+        self._consume_tokens(controlled)
         fired = controlled.stream.on_eat_probe(value)
         if fired is not None:
-            logger.info(
-                "meridian: request %s thinking ended by eat after %d tokens (%d probes)",
-                controlled.req_id, controlled.stream.num_think_tokens, controlled.stream.num_eat_probes,
-            )
+            self._report_stop(controlled, fired)
+
+    def _report_stop(self, controlled: _Controlled, reason: str) -> None:
+        num_think_tokens = controlled.stream.num_think_tokens
+        logger.debug("meridian: request %s thinking ended by %s after %d tokens", controlled.req_id, reason, num_think_tokens)
+        if controlled.req_id is not None:
+            self._bus.report_stop(controlled.req_id, reason, num_think_tokens)
 
     def _record_outcome(self, controlled: _Controlled) -> None:
         stream = controlled.stream
