@@ -28,14 +28,29 @@ SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256"
 NUM_THINK = 60
 NUM_ANSWER = 5
 SAVED: dict[str, int] = {}
+RULES = {"budget 12": "budget", "eat": "eat", "proxy": "proxy", "rpdi": "rpdi"}
 
 
 @pytest.fixture(scope="module")
 def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> VllmServer:
     folder = tmp_path_factory.mktemp("live-thinking")
-    args = SERVER_ARGS + PROCESSOR_ARGS + ["--additional-config", server_config_json()]
+    log = folder / "requests.jsonl"
+    args = SERVER_ARGS + PROCESSOR_ARGS + ["--additional-config", server_config_json({"request_log_path": str(log)})]
     with VllmServer(FIXTURE, args, log_path=folder / "serve.log", cache_dir=cache_dir) as srv:
+        srv.request_log = log  # type: ignore[attr-defined]
         yield srv
+
+
+def last_logged(server: VllmServer) -> dict[str, Any]:
+    """The newest line of the request log (the scheduler writes it as the request finishes)."""
+    path: Path = server.request_log  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if lines:
+            return json.loads(lines[-1])
+        time.sleep(0.1)
+    raise AssertionError("nothing in the request log")
 
 
 def ask(server: VllmServer, xargs: dict[str, Any] | None) -> StreamResult:
@@ -54,6 +69,9 @@ def test_with_control_off_the_output_is_the_models_own(server: VllmServer, mode:
     result = ask(server, MODES[mode])
     assert result.reasoning.split() == countdown()
     assert result.content.split() == LETTERS[:NUM_ANSWER]
+    time.sleep(0.3)
+    logged = last_logged(server)
+    assert (logged["thinking_stopped_by"], logged["thinking_stopped_after_tokens"]) == (None, None)
 
 
 @pytest.mark.parametrize("mode", ["budget 12", "eat", "proxy", "rpdi"])
@@ -65,6 +83,10 @@ def test_each_rule_ends_thinking_early_and_the_answer_follows(server: VllmServer
     assert result.content.split() == LETTERS[:NUM_ANSWER]
     if mode == "budget 12":
         assert len(thought) == 12
+    time.sleep(0.3)
+    logged = last_logged(server)
+    assert logged["thinking_stopped_by"] == RULES[mode], "the request log names the rule that fired"
+    assert logged["thinking_stopped_after_tokens"] == len(thought)
     SAVED[mode] = NUM_THINK - len(thought)
 
 
@@ -78,6 +100,8 @@ def test_load_aware_budget_tightens_once_the_class_misses_its_target(server: Vll
     second = ask(server, xargs)
     assert len(second.reasoning.split()) == LOAD_AWARE["min_budget_tokens"], "attainment 0: the minimum budget"
     assert second.content.split() == LETTERS[:NUM_ANSWER]
+    time.sleep(0.3)
+    assert last_logged(server)["thinking_stopped_by"] == "load_aware_budget"
     SAVED["load-aware (strict class)"] = NUM_THINK - len(second.reasoning.split())
 
 

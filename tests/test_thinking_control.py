@@ -103,8 +103,10 @@ def test_the_bus_in_one_process(bus_dir: Path) -> None:
     try:
         worker.request_probe("a", 7)
         worker.request_probe("b", 9)
+        worker.report_stop("a", "eat", 31)
         assert scheduler.take_probes() == [("a", 7), ("b", 9)]
         assert scheduler.take_probes() == []
+        assert scheduler.take_stops() == [("a", "eat", 31)]
         scheduler.publish_attainment({"standard": 0.25})
         assert worker.attainment() == {"standard": 0.25}
     finally:
@@ -117,6 +119,7 @@ def _child_worker(results: multiprocessing.Queue) -> None:  # type: ignore[type-
 
     worker = WorkerEndpoint()
     worker.request_probe("parent-req", 42)
+    worker.report_stop("parent-req", "budget", 12)
     results.put(worker.attainment())
 
 
@@ -135,13 +138,18 @@ def test_the_bus_across_processes_finds_the_parent(bus_dir: Path) -> None:
         assert child.exitcode == 0
         assert results.get(timeout=5) == {"interactive": 0.5}
         assert scheduler.take_probes() == [("parent-req", 42)]
+        assert scheduler.take_stops() == [("parent-req", "budget", 12)]
         bad = os.path.join(str(bus_dir), f"meridian-{os.getpid()}.sock")
         import socket
 
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
             sock.sendto(b"not json", bad)
-            sock.sendto(json.dumps({"req_id": "x", "num_output_tokens": -1}).encode(), bad)
-        assert scheduler.take_probes() == [], "malformed datagrams are dropped"
+            for message in ({"kind": "probe", "req_id": "x", "num_output_tokens": -1},
+                            {"kind": "stop", "req_id": 3, "reason": "eat", "num_think_tokens": 1},
+                            {"kind": "stop", "req_id": "x", "reason": "eat", "num_think_tokens": True},
+                            {"kind": "other", "req_id": "x"}):
+                sock.sendto(json.dumps(message).encode(), bad)
+        assert scheduler.take_probes() == [] and scheduler.take_stops() == [], "malformed datagrams are dropped"
     finally:
         scheduler.close()
 

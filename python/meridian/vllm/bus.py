@@ -3,14 +3,15 @@
 vLLM builds the scheduler in the engine-core process and the logits processors in the worker
 that runs the model. In vLLM's default single-GPU layout (``UniProcExecutor``) that worker lives
 in the engine-core process; on the CPU build (``MultiprocExecutor``, forced by the platform) and
-with tensor parallelism it is a child process of it. Two things cross: the worker asks for EAT
+with tensor parallelism it is a child process of it. Three things cross: the worker asks for EAT
 probes (parent ``req_id`` and how many of its output tokens the probe covers; the scheduler
-builds the probe from the parent it holds), and the scheduler publishes each class's recent
-TTFAT attainment (the load-aware budget). In one process both go through memory; across
-processes the worker finds the engine core by its parent pid: probes travel as datagrams on a
-Unix socket the scheduler binds, attainment as a small JSON file it rewrites when a value
+builds the probe from the parent it holds) and reports each request whose reasoning a rule ended
+(the rule and the thinking tokens, for the request log), and the scheduler publishes each
+class's recent TTFAT attainment (the load-aware budget). In one process both go through memory; across
+processes the worker finds the engine core by its parent pid: probes and stops travel as
+datagrams on a Unix socket the scheduler binds, attainment as a small JSON file it rewrites when a value
 changes (at most ten times a second) and the worker re-reads at most four times a second. Invariant: nothing here blocks either side; a lost probe request only delays an EAT
-decision, a missing attainment only means no tightening.
+decision or a log field, a missing attainment only means no tightening.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger("meridian")
@@ -59,6 +61,7 @@ class SchedulerEndpoint:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self._pending: deque[tuple[str, int]] = deque(maxlen=MAX_PENDING_PROBES)
+        self._stops: deque[tuple[str, str, int]] = deque(maxlen=MAX_PENDING_PROBES)
         self._lock = threading.Lock()
         self._attainment: dict[str, float] = {}
         self._published_at = 0.0
@@ -82,6 +85,19 @@ class SchedulerEndpoint:
         with self._lock:
             self._pending.append((parent_req_id, num_output_tokens))
 
+    def post_stop(self, req_id: str, reason: str, num_think_tokens: int) -> None:
+        """In-process report that a rule ended ``req_id``'s reasoning."""
+        with self._lock:
+            self._stops.append((req_id, reason, num_think_tokens))
+
+    def take_stops(self) -> list[tuple[str, str, int]]:
+        """Every reasoning stop reported since the last call: ``(req_id, rule, thinking tokens)``."""
+        self._drain_socket()
+        with self._lock:
+            stops = list(self._stops)
+            self._stops.clear()
+        return stops
+
     def take_probes(self) -> list[tuple[str, int]]:
         """Every probe request since the last call, oldest first."""
         self._drain_socket()
@@ -100,10 +116,12 @@ class SchedulerEndpoint:
                 return
             except OSError:
                 return
-            probe = _decode_probe(data)
-            if probe is not None:
-                with self._lock:
-                    self._pending.append(probe)
+            message = _decode(data)
+            with self._lock:
+                if isinstance(message, _Probe):
+                    self._pending.append((message.req_id, message.num_output_tokens))
+                elif isinstance(message, _Stop):
+                    self._stops.append((message.req_id, message.reason, message.num_think_tokens))
 
     def publish_attainment(self, attainment: dict[str, float]) -> None:
         """Records each class's recent TTFAT attainment. Other processes see a change at once, or
@@ -142,15 +160,39 @@ class SchedulerEndpoint:
                 pass
 
 
-def _decode_probe(data: bytes) -> tuple[str, int] | None:
+@dataclass(frozen=True)
+class _Probe:
+    req_id: str
+    num_output_tokens: int
+
+
+@dataclass(frozen=True)
+class _Stop:
+    req_id: str
+    reason: str
+    num_think_tokens: int
+
+
+def _decode(data: bytes) -> _Probe | _Stop | None:
+    """A datagram as a message; anything malformed is dropped (``None``)."""
     try:
         message = json.loads(data)
-        req_id, num_tokens = message["req_id"], message["num_output_tokens"]
+        kind, req_id = message["kind"], message["req_id"]
+        if not isinstance(req_id, str):
+            return None
+        if kind == "probe":
+            count = message["num_output_tokens"]
+            return _Probe(req_id, count) if _count(count) else None
+        if kind == "stop":
+            reason, count = message["reason"], message["num_think_tokens"]
+            return _Stop(req_id, reason, count) if isinstance(reason, str) and _count(count) else None
     except (ValueError, KeyError, TypeError):
         return None
-    if not isinstance(req_id, str) or not isinstance(num_tokens, int) or num_tokens < 0:
-        return None
-    return req_id, num_tokens
+    return None
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class WorkerEndpoint:
@@ -173,7 +215,18 @@ class WorkerEndpoint:
         if local is not None:
             local.post_probe(parent_req_id, num_output_tokens)
             return
-        message = json.dumps({"req_id": parent_req_id, "num_output_tokens": num_output_tokens}).encode()
+        self._send({"kind": "probe", "req_id": parent_req_id, "num_output_tokens": num_output_tokens})
+
+    def report_stop(self, req_id: str, reason: str, num_think_tokens: int) -> None:
+        """Tells the scheduler which rule ended ``req_id``'s reasoning, after how many tokens."""
+        local = self._local()
+        if local is not None:
+            local.post_stop(req_id, reason, num_think_tokens)
+            return
+        self._send({"kind": "stop", "req_id": req_id, "reason": reason, "num_think_tokens": num_think_tokens})
+
+    def _send(self, message_obj: dict[str, object]) -> None:
+        message = json.dumps(message_obj).encode()
         try:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -183,8 +236,8 @@ class WorkerEndpoint:
             if not self._warned:
                 self._warned = True
                 logger.warning(
-                    "meridian: no MeridianScheduler reachable for EAT probes (%s); EAT needs "
-                    "--scheduler-cls meridian.vllm.MeridianScheduler",
+                    "meridian: no MeridianScheduler reachable (%s): EAT probes and the request log's "
+                    "thinking fields need --scheduler-cls meridian.vllm.MeridianScheduler",
                     exc,
                 )
 

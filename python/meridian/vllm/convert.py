@@ -127,9 +127,12 @@ REPORT_FIELDS = (
 )
 
 
-def report_json(report: FinishedRequest) -> str:
-    """One finished request's ledger as a JSON object on one line."""
-    return json.dumps({name: getattr(report, name) for name in REPORT_FIELDS})
+def report_json(report: FinishedRequest, thinking_stop: tuple[str, int] | None = None) -> str:
+    """One finished request's ledger as a JSON object on one line, with the thinking-control rule
+    that ended its reasoning and after how many thinking tokens (both null when none did)."""
+    line: dict[str, Any] = {name: getattr(report, name) for name in REPORT_FIELDS}
+    line["thinking_stopped_by"], line["thinking_stopped_after_tokens"] = thinking_stop or (None, None)
+    return json.dumps(line)
 
 
 def open_log(path: str | None, key: str) -> IO[str] | None:

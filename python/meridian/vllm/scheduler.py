@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +86,11 @@ class MeridianScheduler(AsyncScheduler):
         self._num_probes = 0
         #: Probe prompt tokens served from the prefix cache (the rest is the probes' cost).
         self.num_probe_cached_tokens = 0
+        #: Requests whose reasoning a thinking-control rule ended: req_id → (rule, thinking tokens),
+        #: until the request finishes and its log line carries them.
+        self._thinking_stops: dict[str, tuple[str, int]] = {}
+        #: Reasoning stops per rule since start.
+        self.num_thinking_stops: Counter[str] = Counter()
         self._bus = SchedulerEndpoint()
         self._install_queues()
         if not markers.end:
@@ -117,6 +122,7 @@ class MeridianScheduler(AsyncScheduler):
         super().add_request(request)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        self._take_thinking_stops()
         self._add_probes()
         plan = self.meridian.plan_step(
             self.clock_ms(),
@@ -233,8 +239,10 @@ class MeridianScheduler(AsyncScheduler):
         if request.request_id in self._probe_ids:
             return
         self.finished_reports.append(report)
+        self._take_thinking_stops()
+        thinking_stop = self._thinking_stops.pop(request.request_id, None)
         if self._request_log is not None:
-            self._request_log.write(convert.report_json(report) + "\n")
+            self._request_log.write(convert.report_json(report, thinking_stop) + "\n")
         if report.never_reusable_from_token is not None:
             self._evict_never_reusable(request, report.never_reusable_from_token)
 
@@ -250,6 +258,14 @@ class MeridianScheduler(AsyncScheduler):
             request.request_id, slo_class, request.priority
         )
         params.extra_args = extra
+
+    def _take_thinking_stops(self) -> None:
+        for req_id, reason, num_think_tokens in self._bus.take_stops():
+            self.num_thinking_stops[reason] += 1
+            self._thinking_stops[req_id] = (reason, num_think_tokens)
+        # A stop whose request finished before it arrived is never popped: keep the newest only.
+        while len(self._thinking_stops) > MAX_REPORTS:
+            del self._thinking_stops[next(iter(self._thinking_stops))]
 
     def _add_probes(self) -> None:
         for parent_id, num_output_tokens in self._bus.take_probes():
