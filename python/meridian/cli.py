@@ -51,8 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="scenario seeds (default: 0 1 2)")
     demo.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where vLLM caches and the tiny model live")
     demo.add_argument("--json", type=Path, help="also write the metrics to this JSON file")
-    demo.add_argument("--parts", nargs="+", choices=["scripted", "replay", "live"],
-                      default=["scripted", "replay", "live"], help="which parts to run (default: all)")
+    demo.add_argument("--parts", nargs="+", choices=["scripted", "replay", "live", "thinking"],
+                      default=["scripted", "replay", "live", "thinking"], help="which parts to run (default: all)")
     demo.add_argument("--model", type=Path, default=None, help="model folder for the live part "
                       "(default: tests/fixtures/tiny-reasoner)")
     demo.add_argument("--live-requests", type=int, default=24, help="concurrent requests in the live burst")
@@ -79,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 report["replay"] = _replay_demo(args.cache_dir)
             if "live" in args.parts:
                 report["live"] = _live_demo(args.model, args.cache_dir, args.live_requests)
+            if "thinking" in args.parts:
+                report["thinking"] = _thinking_demo(args.model, args.cache_dir)
             if args.json is not None:
                 args.json.write_text(json.dumps(report, indent=2) + "\n")
                 print(f"\nwrote {args.json}")
@@ -295,6 +297,24 @@ def _live_demo(model: Path | None, cache_dir: Path, num_requests: int) -> dict[s
     for key, label in LIVE_ROWS:
         print(f"{label:<{width}}{fmt(results['vllm'].get(key)):>14}{fmt(results['meridian'].get(key)):>14}")
     return {"workload": workload.__dict__, "results": results}
+
+
+def _thinking_demo(model: Path | None, cache_dir: Path) -> dict[str, object]:
+    from meridian.live import DEFAULT_MODEL
+    from meridian.thinking_demo import PROMPTS, render, run_thinking
+
+    prompts = ", ".join(f"think {n} answer {m}" for n, m in PROMPTS)
+    print(
+        f"\nThinking control: vLLM's OpenAI server (CPU build) with MeridianScheduler and "
+        f"MeridianThinkingProcessor; prompts {prompts}, one rule per request (vllm_xargs), thresholds "
+        "set for the tiny model's countdown. The tiny model cannot judge accuracy: none is claimed.",
+        flush=True,
+    )
+    results = run_thinking(model or DEFAULT_MODEL, cache_dir, cache_dir / "thinking",
+                           progress=lambda line: print(line, flush=True))
+    print()
+    print(render(results))
+    return results
 
 
 def _table(results: dict[str, list[dict[str, float]]], seeds: list[int]) -> str:
