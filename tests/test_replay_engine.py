@@ -164,3 +164,46 @@ def test_ten_thousand_requests_all_complete(tmp_path: Path) -> None:
     summary = summarize(result)
     assert summary["submitted"] == summary["completed"] == 10_000
     assert all(t.finish_reason == "stop" for t in result.timelines)
+
+
+@pytest.mark.parametrize("policy", ["vllm-fcfs", "meridian"])
+def test_a_thinking_budget_ends_the_scripted_reasoning_for_every_policy(policy: str, tmp_path: Path) -> None:
+    config = {**CONFIG, "thinking_control": {"budget_tokens": 2}}
+    profile = linear_profile()
+    engine = ReplayEngine(policy_spec(policy), [request("a", 0.0, think=5), request("b", 0.0, think=1)], profile,
+                          meridian_config=config, model_dir=model_dir_for(profile, tmp_path))
+    a, b = engine.run().timelines
+    # a: 2 thinking words, the forced </think>, 2 answer tokens, EOS — at 10, 20, …, 60 ms.
+    assert list(a.token_times_ms) == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    assert a.thinking_stopped_by == "budget"
+    assert (a.report.num_think_tokens, a.report.num_answer_tokens) == (3, 3)
+    assert a.report.ttfat_ms == 40.0, "the answer starts right after the forced marker"
+    assert b.thinking_stopped_by is None, "a reasoning shorter than the budget ends on its own"
+    assert b.report.num_think_tokens == 2
+
+
+def test_the_load_aware_budget_tightens_on_the_observed_attainment(tmp_path: Path) -> None:
+    config = {
+        "classes": {"standard": {"ttft_ms": 1.0, "ttfat_ms": 1.0, "answer_tpot_ms": 1.0, "rank": 1}},
+        "default_class": "standard",
+        "priority_map": {"0": "standard"},
+        "thinking_control": {"load_aware": {"budget_tokens": 6, "min_budget_tokens": 2, "attainment_floor": 0.9}},
+    }
+    profile = linear_profile()
+    engine = ReplayEngine(policy_spec("meridian"), [request("first", 0.0, think=9), request("later", 1_000.0, think=9)],
+                          profile, meridian_config=config, model_dir=model_dir_for(profile, tmp_path))
+    result = engine.run()
+    first, later = result.timelines
+    assert first.thinking_stopped_by == later.thinking_stopped_by == "load_aware_budget"
+    assert first.report.num_think_tokens == 6 + 1, "no completion yet: the full budget"
+    assert later.report.num_think_tokens == 2 + 1, "the class missed every target: the minimum"
+    summary = summarize(result)
+    assert summary["thinking_stops"] == 2 and summary["thinking_tokens"] == 10
+
+
+def test_rules_that_need_logits_are_refused() -> None:
+    from meridian.replay.runner import check_classes
+
+    with pytest.raises(ValueError, match="eat, proxy and rpdi"):
+        check_classes([request("a", 0.0)], {**CONFIG, "thinking_control": {"proxy": {}}})
+    check_classes([request("a", 0.0)], {**CONFIG, "thinking_control": {"budget_tokens": 64}})

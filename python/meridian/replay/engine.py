@@ -8,6 +8,11 @@ answer tokens, EOS), the virtual device clock (each executed step occupies the d
 profile's step time, starting when it was scheduled or when the previous step finished), and the
 per-token timestamps. Metrics come from one Meridian core used as a pure observer, fed the same
 token streams whatever the scheduler, so every policy is measured by one definition (DESIGN §4).
+Thinking control: the signal-free rules of the config's ``thinking_control`` (``budget_tokens``,
+``load_aware``) apply to every policy alike, through the core's own ``ThinkingStream`` — the
+model's reasoning ends where the rule fires (the closing text counted as one token per word), the
+load-aware budget reading the observer's recent class attainment. The signal rules (EAT, proxy,
+RPDI) need a real model's logits and are refused by the runner.
 Invariant: the engine only calls the public scheduler interface, in vLLM's order; it never looks
 at a policy's decisions except through what vLLM itself would see (outputs, preemptions).
 """
@@ -25,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from meridian._core import Config, FinishedRequest, Meridian
+from meridian._core import Config, FinishedRequest, Meridian, ThinkingControl, ThinkingStream
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.replay.traces import TraceRequest
 from meridian.testing.harness import (
@@ -95,6 +100,8 @@ class Timeline:
     token_times_ms: array[float] = field(default_factory=lambda: array("d"))
     finish_reason: str | None = None
     report: FinishedRequest | None = None
+    #: The thinking-control rule that ended the reasoning, if one did.
+    thinking_stopped_by: str | None = None
 
 
 @dataclass
@@ -176,6 +183,8 @@ class ReplayEngine:
         self.device_busy_ms = 0.0
         self.batch_queue: deque[tuple[Any, dict[str, list[int]], float]] = deque()
         self._live: dict[str, tuple[TraceRequest, Timeline, int]] = {}
+        self._controls = {name: self.observer_config.thinking_control(name) for name in self.observer_config.class_names}
+        self._scripts: dict[str, ScriptedModel] = {}
         self._timelines: list[Timeline] = []
         self._num_rejected = 0
         self._alarms = 0
@@ -273,7 +282,8 @@ class ReplayEngine:
 
     def _model(self, output: Any) -> dict[str, list[int]]:
         """The token each scheduled request samples: its trace script at the next position."""
-        return sampled_tokens(output, self.scheduler.requests, lambda req_id, pos: script_token(self._live[req_id][0], pos))
+        attainment = self.observer.recent_ttfat_attainment()
+        return sampled_tokens(output, self.scheduler.requests, lambda req_id, pos: self._scripts[req_id].token(pos, attainment))
 
     def _apply(self, output: Any, sampled: dict[str, list[int]]) -> None:
         engine_outputs = self.scheduler.update_from_output(output, runner_output(sampled))
@@ -310,7 +320,8 @@ class ReplayEngine:
         slo_class = trace.slo_class or self.observer_config.default_class
         timeline = Timeline(trace.req_id, slo_class, trace.arrival_ms)
         self._timelines.append(timeline)
-        max_tokens = min(script_length(trace), self.profile.max_model_len - trace.num_prompt_tokens)
+        script = ScriptedModel(trace, slo_class, self._controls[slo_class])
+        max_tokens = min(script.max_length, self.profile.max_model_len - trace.num_prompt_tokens)
         if max_tokens < 1:
             # vLLM's frontend rejects a prompt that leaves no room to generate: so does the replay.
             timeline.finish_reason = "rejected"
@@ -333,6 +344,7 @@ class ReplayEngine:
         )
         handle = self.observer.add_request(trace.req_id, trace.arrival_ms, prompt, max_tokens, slo_class, rank)
         self._live[trace.req_id] = (trace, timeline, handle)
+        self._scripts[trace.req_id] = script
         self.scheduler.add_request(request)
 
     def _observe_preemption(self, req_id: str) -> None:
@@ -343,6 +355,8 @@ class ReplayEngine:
 
     def _finish(self, req_id: str, reason: str) -> None:
         _trace, timeline, handle = self._live.pop(req_id)
+        script = self._scripts.pop(req_id)
+        timeline.thinking_stopped_by = script.stopped_by
         timeline.finish_reason = reason
         core_reason = {"stop": "stopped", "length": "length", "abort": "aborted"}.get(reason, "error")
         timeline.report = self.observer.finish(self.now_ms, handle, core_reason)
@@ -350,6 +364,60 @@ class ReplayEngine:
 
 
 # ---- the scripted "model" ---------------------------------------------------------------------
+
+
+class ScriptedModel:
+    """One request's scripted output, token by token, with thinking control applied: the trace's
+    thinking until a rule fires (the core's ``ThinkingStream`` decides, as in the logits
+    processor), the forced closing words and ``</think>``, then the trace's answer and EOS."""
+
+    def __init__(self, trace: TraceRequest, slo_class: str, control: ThinkingControl) -> None:
+        self.trace = trace
+        self.slo_class = slo_class
+        self.tokens: list[int] = []
+        self.end_position: int | None = None
+        self.stream: ThinkingStream | None = None
+        closing_words = len((control.closing_text or "").split())
+        if trace.num_think_tokens is not None and control.is_enabled():
+            forced = [WORD_IDS[i % len(WORD_IDS)] for i in range(closing_words)] + [THINK_END]
+            self.stream = ThinkingStream(
+                control, [THINK_START], start_ids=[THINK_START], end_ids=[THINK_END], forced_ids=forced
+            )
+        #: Upper bound of the output length (a forced closing text may add its words).
+        self.max_length = script_length(trace) + closing_words
+
+    @property
+    def stopped_by(self) -> str | None:
+        return self.stream.fired_reason if self.stream is not None else None
+
+    def token(self, position: int, attainment: dict[str, float]) -> int:
+        """The token at output ``position`` (asked in order; a repeated position gets the same)."""
+        while len(self.tokens) <= position:
+            self.tokens.append(self._next(attainment))
+        return self.tokens[position]
+
+    def _next(self, attainment: dict[str, float]) -> int:
+        position = len(self.tokens)
+        stream = self.stream
+        if stream is not None:
+            stream.set_ttfat_attainment(attainment.get(self.slo_class, float("nan")))
+            forced = stream.forced_token()
+            token = forced if forced is not None else self._scripted(position)
+            stream.on_token(token, "")
+        else:
+            token = self._scripted(position)
+        if token == THINK_END and self.end_position is None:
+            self.end_position = position
+        return token
+
+    def _scripted(self, position: int) -> int:
+        trace = self.trace
+        if trace.num_think_tokens is None:
+            return script_token(trace, position)
+        if self.end_position is None:
+            return WORD_IDS[position % len(WORD_IDS)] if position < trace.num_think_tokens else THINK_END
+        offset = position - self.end_position - 1
+        return ANSWER_IDS[offset % len(ANSWER_IDS)] if offset < answer_tokens(trace) else EOS
 
 
 def answer_tokens(trace: TraceRequest) -> int:

@@ -57,6 +57,8 @@ def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[s
         goodput_rps=good / duration_s,
         throughput_tok_s=num_tokens / duration_s,
         stalls=sum(r.num_stalls for r in reports),
+        thinking_tokens=sum(r.num_think_tokens for r in reports),
+        thinking_stops=sum(1 for t in timelines if t.thinking_stopped_by is not None),
         preemptions={
             "prefill": sum(r.num_preemptions_prefill for r in reports),
             "think": sum(r.num_preemptions_think for r in reports),
@@ -117,6 +119,12 @@ def table(summaries: Sequence[dict[str, Any]], baseline: str | None = "vllm-fcfs
             f"{_fmt(s['ttfat_ms']['p50'], 1000):>9} {_fmt(s['ttfat_ms']['p99'], 1000):>8} "
             f"{_fmt(s['answer_tpot_ms']['p50']):>11} {_fmt(s['answer_tpot_ms']['p99']):>8} {s['stalls']:>6} "
             f"{str(pre['think']) + '/' + str(pre['answer']):>11}"
+        )
+    stopped = [s for s in summaries if s.get("thinking_stops")]
+    if stopped:
+        lines.append(
+            "thinking control ended reasoning early: "
+            + ", ".join(f"{s['policy']} {s['thinking_stops']} requests ({s['thinking_tokens']:,} thinking tokens)" for s in stopped)
         )
     return "\n".join(lines)
 

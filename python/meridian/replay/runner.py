@@ -132,10 +132,19 @@ def build_workload(options: ReplayOptions) -> tuple[list[traces.TraceRequest], d
 
 
 def check_classes(requests: Sequence[traces.TraceRequest], meridian_config: dict[str, Any]) -> None:
-    """Every class the workload names must be defined by the config the replay runs with."""
+    """Every class the workload names must be defined by the config the replay runs with, and
+    every class's thinking control must be one the replay can model (no logits, no signals)."""
     from meridian._core import Config
 
-    defined = set(Config.from_json(json.dumps(meridian_config)).class_names)
+    config = Config.from_json(json.dumps(meridian_config))
+    for name in config.class_names:
+        control = config.thinking_control(name)
+        if control.wants_eat_probes() or control.wants_end_token_stats() or control.wants_token_entropy():
+            raise ValueError(
+                f"class {name}: thinking_control rules eat, proxy and rpdi read a model's logits, which the "
+                "replay does not have; it models budget_tokens and load_aware only"
+            )
+    defined = set(config.class_names)
     unknown = sorted({r.slo_class for r in requests if r.slo_class is not None} - defined)
     if unknown:
         raise ValueError(
