@@ -138,6 +138,9 @@ class MeridianThinkingProcessor(LogitsProcessor):
         self._tokenizer = _tokenizer(vllm_config)
         self._meter: CpuMeter | CudaMeter = CudaMeter(device) if device.type == "cuda" else CpuMeter()
         self._bus = WorkerEndpoint()
+        #: Under tensor parallelism every rank runs this processor on the same logits and makes
+        #: the same decisions; only the first asks for probes and reports stops, once.
+        self._speaks_for_engine = _is_first_rank()
         self._rows: dict[int, _Controlled] = {}
         self._probes: dict[int, _Probe] = {}
         self._by_req_id: dict[str, _Controlled] = {}
@@ -228,8 +231,12 @@ class MeridianThinkingProcessor(LogitsProcessor):
         controlled = self._rows.pop(index, None)
         if controlled is None:
             return
-        self._consume_tokens(controlled)
-        self._record_outcome(controlled)
+        try:
+            self._consume_tokens(controlled)
+            self._record_outcome(controlled)
+        except Exception:  # noqa: BLE001 - the request is leaving; its control goes with it
+            logger.exception("meridian: thinking control failed for request %s", controlled.req_id)
+            return
         if controlled.req_id is not None:
             self._by_req_id.pop(controlled.req_id, None)
             if controlled.stream.phase != "answering":
@@ -318,13 +325,19 @@ class MeridianThinkingProcessor(LogitsProcessor):
             fired = controlled.stream.on_token(token, self._token_text(token), entropy, prob, rank)
             if fired is not None:
                 self._report_stop(controlled, fired)
-            if controlled.stream.take_probe_due() and controlled.req_id is not None:
+            if controlled.stream.take_probe_due() and controlled.req_id is not None and self._speaks_for_engine:
                 self._bus.request_probe(controlled.req_id, controlled.num_seen)
         # Measurements for positions already passed (a preemption replayed them) are stale.
         for stale in [p for p in controlled.signals if p < controlled.num_seen]:
             del controlled.signals[stale]
 
     def _deliver_probe(self, probe: _Probe) -> None:
+        try:
+            self._deliver_probe_value(probe)
+        except Exception:  # noqa: BLE001 - a lost probe only delays an EAT decision
+            logger.exception("meridian: an EAT probe for request %s could not be delivered", probe.parent_req_id)
+
+    def _deliver_probe_value(self, probe: _Probe) -> None:
         controlled = self._by_req_id.get(probe.parent_req_id) or self._parked.get(probe.parent_req_id)
         if controlled is None or probe.entropy_nats is None:
             return
@@ -341,7 +354,7 @@ class MeridianThinkingProcessor(LogitsProcessor):
     def _report_stop(self, controlled: _Controlled, reason: str) -> None:
         num_think_tokens = controlled.stream.num_think_tokens
         logger.debug("meridian: request %s thinking ended by %s after %d tokens", controlled.req_id, reason, num_think_tokens)
-        if controlled.req_id is not None:
+        if controlled.req_id is not None and self._speaks_for_engine:
             self._bus.report_stop(controlled.req_id, reason, num_think_tokens)
 
     def _record_outcome(self, controlled: _Controlled) -> None:
@@ -367,6 +380,16 @@ class MeridianThinkingProcessor(LogitsProcessor):
             text = self._tokenizer.decode([token_id]) if self._tokenizer is not None else ""
             self._texts[token_id] = text
         return text
+
+
+def _is_first_rank() -> bool:
+    """Whether this worker is the first tensor-parallel rank (or the only one)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return bool(get_tensor_model_parallel_rank() == 0)
+    except (AssertionError, ImportError, RuntimeError, AttributeError):
+        return True  # no parallel state: a single worker
 
 
 def _tokenizer(vllm_config: VllmConfig) -> Any:
