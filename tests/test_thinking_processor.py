@@ -25,12 +25,15 @@ def bus_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 class Driver:
     """Plays the model runner: one ``update_state`` + ``apply`` per step, greedy sampling."""
 
-    def __init__(self, model: Path, meridian: dict[str, Any] | None = None) -> None:
+    def __init__(self, model: Path, meridian: dict[str, Any] | None = None, *, config: Any = None) -> None:
         from meridian.testing.harness import EngineSpec, vllm_config_for
         from meridian.testing.tiny_model import vocabulary
         from meridian.vllm.thinking import MeridianThinkingProcessor
 
-        config = vllm_config_for(EngineSpec(model_dir=model, additional_config={"meridian": meridian or {}}))
+        if config is None:
+            config = vllm_config_for(EngineSpec(model_dir=model, additional_config={"meridian": meridian or {}}))
+        self.config = config
+        self.model = model
         self.proc = MeridianThinkingProcessor(config, torch.device("cpu"), False)
         self.vocab = vocabulary()
         self.size = len(self.vocab)
@@ -56,6 +59,10 @@ class Driver:
 
         self.outputs[a], self.outputs[b] = self.outputs[b], self.outputs[a]
         self.pending[2].append((a, b, MoveDirectionality.SWAP))
+
+    def fresh(self) -> Driver:
+        """A new processor and batch under the same vLLM configuration."""
+        return Driver(self.model, config=self.config)
 
     def step(self, logits: Any = None, *, sample: bool = True) -> Any:
         from vllm.v1.sample.logits_processor import BatchUpdate
@@ -217,3 +224,79 @@ def test_the_cpu_meter_matches_the_float64_reference() -> None:
         assert prob == pytest.approx(ref.target_prob[i, 0], rel=1e-5, abs=1e-9)
         assert rank == int(ref.target_rank[i, 0])
     assert np.isfinite([v for values in got.values() for v in values]).all()
+
+
+def _ops() -> Any:
+    from hypothesis import strategies as st
+
+    rows = st.integers(0, 3)
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), rows, st.one_of(st.none(), st.integers(1, 30))),
+            st.tuples(st.just("remove"), rows, st.none()),
+            st.tuples(st.just("swap"), rows, rows),
+            st.tuples(st.just("step"), st.booleans(), st.none()),
+            st.tuples(st.just("step"), st.just(False), st.none()),
+        ),
+        min_size=5,
+        max_size=60,
+    )
+
+
+def test_random_batch_histories_keep_the_invariants(tiny_model: Path) -> None:
+    """Whatever vLLM does to the batch — adds, removals (a preempted request comes back with its
+    output list), swaps, a token that arrives a step late (an async placeholder) — an
+    uncontrolled row is never touched, a controlled request thinks exactly its budget (or less, if
+    it leaves first) and gets the end marker at most once, and nothing raises."""
+    from hypothesis import HealthCheck, example, given, settings
+
+    template = Driver(tiny_model)
+    end = template.vocab["</think>"]
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    # Two controlled rows swapped mid-thinking: random histories reach it rarely, and a processor
+    # that dropped the second of a swapped pair passes them all.
+    @example([("add", 0, 5), ("add", 1, 5), ("step", False, None), ("swap", 0, 1)] + [("step", False, None)] * 8)
+    @given(_ops())
+    def run(ops: list[tuple[Any, Any, Any]]) -> None:
+        d = template.fresh()
+        budgets: dict[str, int | None] = {}
+        lists: dict[str, list[int]] = {}
+        row_of: dict[int, str] = {}
+        for kind, a, b in ops:
+            if kind == "add" and a not in row_of:
+                req_id = next((r for r in lists if r not in row_of.values()), f"r{len(lists)}")
+                budget = budgets.setdefault(req_id, b)
+                xargs = {"meridian_req_id": req_id, **({"meridian_thinking_budget_tokens": budget} if budget else {})}
+                lists[req_id] = d.add(a, xargs, output=lists.get(req_id))
+                row_of[a] = req_id
+            elif kind == "remove" and a in row_of:
+                d.remove(a)
+                del row_of[a]
+            elif kind == "swap" and a in row_of and b in row_of and a != b:
+                d.swap(a, b)
+                row_of[a], row_of[b] = row_of[b], row_of[a]
+            elif kind == "step" and row_of:
+                rows = max(d.outputs) + 1
+                late = a
+                before, after = d.step(d.word_logits(rows), sample=not late)
+                for row, req_id in row_of.items():
+                    if budgets[req_id] is None:
+                        assert torch.equal(before[row], after[row]), "an uncontrolled row was touched"
+                if late:
+                    # The token sampled from `after` is still on the device for one more step.
+                    sampled = {row: int(after[row].argmax()) for row in d.outputs}
+                    for out in d.outputs.values():
+                        out.append(-1)
+                    d.step(d.word_logits(rows), sample=False)
+                    for row, out in d.outputs.items():
+                        out[-1] = sampled[row]
+        for req_id, out in lists.items():
+            budget = budgets[req_id]
+            assert out.count(end) <= 1
+            if end in out:
+                assert budget is not None and out.index(end) == budget, (budget, out)
+            elif budget is not None:
+                assert len(out) <= budget, "a budgeted request thought past its budget"
+
+    run()
