@@ -91,7 +91,8 @@ class MeridianScheduler(AsyncScheduler):
         self._thinking_stops: dict[str, tuple[str, int]] = {}
         #: Reasoning stops per rule since start.
         self.num_thinking_stops: Counter[str] = Counter()
-        self._bus = SchedulerEndpoint()
+        #: The channel to MeridianThinkingProcessor; none (and nothing polled per step) without it.
+        self._bus = SchedulerEndpoint() if thinking.processor_configured(self.vllm_config) else None
         self._install_queues()
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
@@ -169,7 +170,8 @@ class MeridianScheduler(AsyncScheduler):
         self._log_step(now_ms, scheduler_output)
         self._emit_rejections(outputs)
         self._drop_probe_outputs(outputs)
-        self._bus.publish_attainment(self.meridian.recent_ttfat_attainment())
+        if self._bus is not None:
+            self._bus.publish_attainment(self.meridian.recent_ttfat_attainment())
         return outputs
 
     def has_requests(self) -> bool:
@@ -260,6 +262,8 @@ class MeridianScheduler(AsyncScheduler):
         params.extra_args = extra
 
     def _take_thinking_stops(self) -> None:
+        if self._bus is None:
+            return
         for req_id, reason, num_think_tokens in self._bus.take_stops():
             self.num_thinking_stops[reason] += 1
             self._thinking_stops[req_id] = (reason, num_think_tokens)
@@ -268,6 +272,8 @@ class MeridianScheduler(AsyncScheduler):
             del self._thinking_stops[next(iter(self._thinking_stops))]
 
     def _add_probes(self) -> None:
+        if self._bus is None:
+            return
         for parent_id, num_output_tokens in self._bus.take_probes():
             parent = self.requests.get(parent_id)
             handle = getattr(parent, HANDLE_ATTR, None) if parent is not None else None
@@ -326,7 +332,8 @@ class MeridianScheduler(AsyncScheduler):
         self._step_log.write(json.dumps({**shape, "step_ms": round(now_ms - started_ms, 4)}) + "\n")
 
     def shutdown(self) -> None:
-        self._bus.close()
+        if self._bus is not None:
+            self._bus.close()
         for log in (self._request_log, self._step_log):
             if log is not None:
                 log.close()

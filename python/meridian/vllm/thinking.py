@@ -83,13 +83,11 @@ class _Controlled:
     req_id: str | None
     slo_class: str
     stream: ThinkingStream
-    prompt_token_ids: list[int]
     output_token_ids: list[int]
     num_seen: int = 0
     #: Signals measured per output position: the row measured when the output held `position`
     #: tokens is the distribution that token `position` is sampled from.
     signals: dict[int, Signals] = field(default_factory=dict)
-    reported: bool = False
 
 
 @dataclass(eq=False)
@@ -101,18 +99,6 @@ class _Probe:
 
 #: What a measured row belongs to: a controlled request at an output position, or a probe.
 Tag = tuple["_Controlled | _Probe", int]
-
-
-@dataclass
-class ThinkingOutcome:
-    """How one request's reasoning ended (kept for tests, the demo and operators)."""
-
-    req_id: str | None
-    slo_class: str
-    reason: str | None
-    num_think_tokens: int
-    num_forced_tokens: int
-    num_eat_probes: int
 
 
 class MeridianThinkingProcessor(LogitsProcessor):
@@ -147,7 +133,6 @@ class MeridianThinkingProcessor(LogitsProcessor):
         self._parked: OrderedDict[str, _Controlled] = OrderedDict()
         self._texts: dict[int, str] = {}
         self._closing_ids: dict[str, list[int]] = {}
-        self.outcomes: list[ThinkingOutcome] = []
         if not self._end_ids:
             logger.info("meridian: no --reasoning-parser; thinking control is off")
 
@@ -214,7 +199,7 @@ class MeridianThinkingProcessor(LogitsProcessor):
         stream = ThinkingStream(
             control, prompt_ids, start_ids=self._start_ids, end_ids=self._end_ids, forced_ids=forced
         )
-        return _Controlled(req_id, slo_class, stream, prompt_ids, output_ids)
+        return _Controlled(req_id, slo_class, stream, output_ids)
 
     def _closing_token_ids(self, text: str | None) -> list[int]:
         if not text or self._tokenizer is None:
@@ -233,7 +218,6 @@ class MeridianThinkingProcessor(LogitsProcessor):
             return
         try:
             self._consume_tokens(controlled)
-            self._record_outcome(controlled)
         except Exception:  # noqa: BLE001 - the request is leaving; its control goes with it
             logger.exception("meridian: thinking control failed for request %s", controlled.req_id)
             return
@@ -357,29 +341,22 @@ class MeridianThinkingProcessor(LogitsProcessor):
         if controlled.req_id is not None and self._speaks_for_engine:
             self._bus.report_stop(controlled.req_id, reason, num_think_tokens)
 
-    def _record_outcome(self, controlled: _Controlled) -> None:
-        stream = controlled.stream
-        if controlled.reported or stream.phase != "answering":
-            return
-        controlled.reported = True
-        self.outcomes.append(
-            ThinkingOutcome(
-                req_id=controlled.req_id,
-                slo_class=controlled.slo_class,
-                reason=stream.fired_reason,
-                num_think_tokens=stream.num_think_tokens,
-                num_forced_tokens=stream.num_forced_tokens,
-                num_eat_probes=stream.num_eat_probes,
-            )
-        )
-        del self.outcomes[: max(0, len(self.outcomes) - MAX_PARKED_STREAMS)]
-
     def _token_text(self, token_id: int) -> str:
         text = self._texts.get(token_id)
         if text is None:
             text = self._tokenizer.decode([token_id]) if self._tokenizer is not None else ""
             self._texts[token_id] = text
         return text
+
+
+def processor_configured(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM was told to load this processor (``--logits-processors``)."""
+    model_config = vllm_config.model_config
+    entries = (model_config.logits_processors or []) if model_config is not None else []
+    return any(
+        entry is MeridianThinkingProcessor or (isinstance(entry, str) and entry.endswith(":MeridianThinkingProcessor"))
+        for entry in entries
+    )
 
 
 def _is_first_rank() -> bool:
