@@ -41,10 +41,10 @@ bench: setup  ## Decision time (criterion) and the shim's per-step overhead agai
 
 .PHONY: tiny-model
 tiny-model: setup  ## Retrain the tiny reasoning model fixture (seeded, ~5 min on 2 cores) and rewrite its manifest
-	$(PY) -m meridian.testing.train_tiny tests/fixtures/tiny-reasoner --steps 1500 --seed 0
+	$(PY) scripts/train_tiny.py tests/fixtures/tiny-reasoner --steps 1500 --seed 0
 	$(PY) -c "import hashlib, json, pathlib, torch; d = pathlib.Path('tests/fixtures/tiny-reasoner'); \
 	  m = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.name != 'MANIFEST.json'}; \
-	  (d / 'MANIFEST.json').write_text(json.dumps({'made_by': 'python -m meridian.testing.train_tiny tests/fixtures/tiny-reasoner --steps 1500 --seed 0', 'torch': torch.__version__, 'sha256': m}, indent=2) + '\n')"
+	  (d / 'MANIFEST.json').write_text(json.dumps({'made_by': 'python scripts/train_tiny.py tests/fixtures/tiny-reasoner --steps 1500 --seed 0', 'torch': torch.__version__, 'sha256': m}, indent=2) + '\n')"
 
 .PHONY: wheel
 wheel:  ## Build the abi3 wheel into build/wheels

@@ -31,7 +31,7 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-from meridian.replay.engine import POLICIES  # noqa: E402
+from meridian.replay.policies import POLICIES  # noqa: E402
 from meridian.replay.report import table  # noqa: E402
 from meridian.replay.runner import DEFAULT_TRACES, ReplayOptions, run_replay  # noqa: E402
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def build(cls: type[Any], model: Path, running: int) -> Any:
-    from meridian.testing.harness import EngineSpec, build_scheduler
+    from meridian.offline.engine import EngineSpec, build_scheduler
 
     spec = EngineSpec(
         model_dir=model,
@@ -46,7 +46,7 @@ def fill(scheduler: Any, running: int) -> None:
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.request import Request
 
-    from meridian.testing.harness import EOS, WORD_IDS
+    from meridian.offline.tiny import EOS, WORD_IDS
 
     init_none_hash(sha256)
     hasher = get_request_block_hasher(scheduler.block_size, sha256)
@@ -65,7 +65,7 @@ def step(scheduler: Any) -> tuple[float, int]:
     """One engine step; returns the time spent in the two scheduler calls and the batch size."""
     from vllm.v1.outputs import ModelRunnerOutput
 
-    from meridian.testing.harness import WORD_IDS
+    from meridian.offline.tiny import WORD_IDS
 
     t0 = time.perf_counter()
     output = scheduler.schedule()
@@ -89,7 +89,8 @@ def main() -> int:
     parser.add_argument("--steps-per-round", type=int, default=20)
     args = parser.parse_args()
 
-    from meridian.testing.harness import offline_environment, tiny_model_dir
+    from meridian.offline.engine import offline_environment
+    from meridian.offline.tiny import tiny_model_dir
 
     offline_environment(REPO / ".cache")
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from meridian.testing.harness import offline_environment, tiny_model_dir
+from meridian.offline.engine import offline_environment
+from meridian.offline.tiny import tiny_model_dir
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO / ".cache"

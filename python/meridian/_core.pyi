@@ -1,12 +1,21 @@
 """Type stubs of the Rust extension ``meridian._core`` (hand-written; checked by mypy.stubtest)."""
 
 from collections.abc import Sequence
-from typing import Literal, final
+from typing import Final, Literal, final
 
 __all__ = [
-    "__version__", "Config", "FinishedRequest", "Meridian", "StepPlan", "ThinkingControl", "ThinkingStream", "kernel_source",
+    "__version__", "CLASS_ARG", "POLICY_NAMES", "THINKING_ARG", "THINKING_BUDGET_ARG",
+    "Config", "FinishedRequest", "Meridian", "StepPlan", "ThinkingControl", "ThinkingStream", "kernel_source",
 ]
 __version__: str
+#: Request argument (``vllm_xargs`` / ``SamplingParams.extra_args``) naming the SLO class.
+CLASS_ARG: Final = "meridian_class"
+#: Request argument replacing the class's thinking control (``"off"`` or a JSON object).
+THINKING_ARG: Final = "meridian_thinking"
+#: Request argument setting a hard thinking budget in tokens.
+THINKING_BUDGET_ARG: Final = "meridian_thinking_budget_tokens"
+#: Every ``policy`` name, the product first: ``("meridian", "answer_first", "pascal")``.
+POLICY_NAMES: Final[tuple[str, ...]]
 
 def kernel_source(name: str) -> str:
     """Source of a bundled CUDA kernel file by name."""
@@ -34,6 +43,17 @@ class Config:
     def step_log_path(self) -> str | None: ...
     @property
     def policy(self) -> Literal["meridian", "answer_first", "pascal"]: ...
+    def resolve_tool_call_markers(self, found: list[int | None]) -> list[int]:
+        """The tool-call marker ids, given per configured marker (in order) its single token id in
+        the model's vocabulary, or ``None`` when it is not one token.
+
+        A configured marker that is not one token is an error; the default marker is dropped
+        instead, so the result is then shorter than ``tool_call_markers``.
+
+        Raises:
+            ConfigError: an explicitly configured marker is not one token (names ``tool_call_markers[i]``).
+            InvalidArgumentError: ``found`` does not hold one entry per configured marker.
+        """
     def class_targets(self, name: str) -> dict[str, float | int | None]: ...
     def thinking_control(self, slo_class: str) -> ThinkingControl:
         """The thinking control a class runs under (its own, else the top-level one)."""
@@ -68,7 +88,8 @@ class FinishedRequest:
     @property
     def slo_class(self) -> str: ...
     @property
-    def reason(self) -> str: ...
+    def reason(self) -> Literal["stopped", "length", "aborted", "error"]:
+        """Why it ended, in the core's names (``error`` also for an unknown vLLM reason)."""
     @property
     def arrival_ms(self) -> float: ...
     @property
@@ -101,6 +122,9 @@ class FinishedRequest:
     def met_all(self) -> bool: ...
     @property
     def never_reusable_from_token(self) -> int | None: ...
+    @property
+    def unknown_finish_reason(self) -> str | None:
+        """The finish reason as passed when the core does not know it (``reason`` is then ``error``)."""
 
 @final
 class Meridian:
@@ -127,15 +151,14 @@ class Meridian:
         max_tokens: int,
         slo_class: str | None,
         priority: int,
-    ) -> int:
-        """Starts tracking a request and returns its handle.
+    ) -> tuple[int, str]:
+        """Starts tracking a request; returns its handle and the name of the SLO class it got.
 
         Raises:
             DuplicateRequestError: the id is already tracked.
             UnknownSloClassError: ``slo_class`` is not configured.
             InvalidArgumentError: ``arrival_ms`` is not a finite, non-negative number.
         """
-    def resolve_class(self, req_id: str, slo_class: str | None, priority: int) -> str: ...
     def add_probe(self, req_id: str, arrival_ms: float, prompt_token_ids: Sequence[int], parent: int) -> int:
         """Tracks an internal EAT probe of ``parent`` (its class, one token, kept out of the counters)."""
     def plan_step(self, now_ms: float, running: list[int], waiting: list[int], num_free_blocks: int) -> StepPlan: ...
@@ -143,8 +166,22 @@ class Meridian:
     def on_tokens_batch(self, now_ms: float, handles: list[int], counts: list[int], flat_token_ids: list[int]) -> None: ...
     def on_step_output(
         self, now_ms: float, step_id: int, num_prefill_tokens: int, num_decode_requests: int, num_context_tokens: int
-    ) -> None: ...
-    def finish(self, now_ms: float, handle: int, reason: str) -> FinishedRequest: ...
+    ) -> float | None:
+        """Records a step's output; returns its measured duration (ms) when it was folded into the
+        step-time model (the step was pending, executed something, and did not end before it started)."""
+    def finish(self, now_ms: float, handle: int, finish_reason: str, output_token_ids: list[int]) -> FinishedRequest:
+        """Stops tracking a request and reports it.
+
+        ``finish_reason`` is ``str()`` of vLLM's ``FinishReason`` (``stop``, ``length``, ``abort``,
+        ``error``); any other string finishes the request as ``error``, sets
+        ``unknown_finish_reason`` and counts in ``stats()["num_unknown_finish_reasons"]``.
+        ``output_token_ids`` is the request's full output list: the tail beyond the tokens already
+        fed is fed at ``now_ms`` first.
+
+        Raises:
+            UnknownRequestError: the handle is not live.
+            InvalidArgumentError: ``now_ms`` is not a finite, non-negative number.
+        """
     def phase(self, handle: int) -> str: ...
     def num_output_tokens(self, handle: int) -> int: ...
     def handle_of(self, req_id: str) -> int | None: ...

@@ -21,7 +21,7 @@ fn populated(num_requests: usize) -> (Meridian, Vec<ReqHandle>, Vec<ReqHandle>) 
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let id = format!("req-{i}");
-        let h = core
+        let (h, _) = core
             .add_request(NewRequest {
                 req_id: &id,
                 arrival_ms: (i as f64) * 3.0,

@@ -2,10 +2,15 @@
 //! policy knobs and thinking control (off unless configured, for all classes or per class). A
 //! [`Config`] only exists validated: [`Config::from_json`] rejects unknown keys and out-of-range
 //! values with an [`Error::InvalidConfig`] that names the dotted key, so a bad
-//! `--additional-config` stops vLLM at start-up instead of misbehaving under load.
+//! `--additional-config` stops vLLM at start-up instead of misbehaving under load. The same holds
+//! for what only the model's vocabulary can settle: [`Config::resolve_tool_call_markers`] rejects a
+//! configured tool-call marker that is not one token. Names the operator writes (policies) are
+//! defined here once.
 
 use std::collections::BTreeMap;
+use std::fmt;
 
+use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
@@ -26,9 +31,9 @@ pub enum ReasoningBlockRule {
 
 /// Which scheduling policy the core runs. `Meridian` is the product; the other two exist so the
 /// replay can measure the product against its own ablation and a published alternative with the
-/// same engine, the same shim and the same metrics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// same engine, the same shim and the same metrics. The configuration names them by
+/// [`Policy::name`] (key `policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
     /// Dual queue with slack ordering, step budget, admission reserve and eviction tiers.
     Meridian,
@@ -39,6 +44,39 @@ pub enum Policy {
     /// target and preempted first (after PASCAL, arXiv 2602.11530); vLLM's own budget and
     /// admission; no eviction tiers.
     Pascal,
+}
+
+impl Policy {
+    /// Every policy, in declaration order (the product first).
+    pub const ALL: [Policy; 3] = [Policy::Meridian, Policy::AnswerFirst, Policy::Pascal];
+
+    /// The name the configuration and the bindings use: `meridian`, `answer_first` or `pascal`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Policy::Meridian => "meridian",
+            Policy::AnswerFirst => "answer_first",
+            Policy::Pascal => "pascal",
+        }
+    }
+
+    /// The policy of a [`Policy::name`], exactly.
+    pub fn from_name(name: &str) -> Option<Policy> {
+        Policy::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+impl<'de> Deserialize<'de> for Policy {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Names;
+        impl de::Expected for Names {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                let names: Vec<String> = Policy::ALL.iter().map(|p| format!("`{}`", p.name())).collect();
+                write!(f, "one of {}", names.join(", "))
+            }
+        }
+        let name = String::deserialize(deserializer)?;
+        Policy::from_name(&name).ok_or_else(|| de::Error::invalid_value(de::Unexpected::Str(&name), &Names))
+    }
 }
 
 /// Seed coefficients of the step-time model: `step_ms = base_ms + per_prefill_token_ms · prompt
@@ -150,8 +188,11 @@ pub struct Config {
     pub starvation_ms: f64,
     /// Eviction rule for finished requests' reasoning blocks.
     pub evict_reasoning_blocks: ReasoningBlockRule,
-    /// Strings whose tokens mark a tool call (resolved to ids by the shim's tokenizer).
+    /// Strings whose tokens mark a tool call (resolved to ids by the shim's tokenizer; see
+    /// [`Config::resolve_tool_call_markers`]).
     pub tool_call_markers: Vec<String>,
+    /// Whether the operator gave `tool_call_markers` (`false`: the default `["<tool_call>"]`).
+    pub tool_call_markers_explicit: bool,
     /// An answer gap above `stall_factor` × the class's answer TPOT target counts as a stall.
     pub stall_factor: f64,
     /// Thinking lengths (tokens) that seed the remaining-thinking predictor.
@@ -176,6 +217,8 @@ pub struct Config {
 const DEFAULT_THINK_PRIOR: [u32; 10] = [90, 180, 300, 420, 515, 680, 950, 1500, 2327, 9301];
 /// Visible answer lengths of the same sources: short and fairly stable.
 const DEFAULT_ANSWER_PRIOR: [u32; 10] = [40, 80, 120, 150, 184, 240, 330, 520, 985, 4666];
+/// The tool-call marker of Qwen3, Hermes and most open tool-calling chat templates.
+const DEFAULT_TOOL_CALL_MARKER: &str = "<tool_call>";
 
 impl Default for Config {
     fn default() -> Self {
@@ -217,6 +260,43 @@ impl Config {
             Some(Some(own)) => own,
             _ => &self.thinking_control,
         }
+    }
+
+    /// The token ids of the tool-call markers, given `found`: per configured marker, in order,
+    /// the single token id the marker is in the model's vocabulary, or `None` when it is not one
+    /// token (absent, or split into several).
+    ///
+    /// The rule: a marker the operator configured (`tool_call_markers` given) must be one token,
+    /// so a `None` is an [`Error::InvalidConfig`] on `tool_call_markers[i]` naming the marker. The
+    /// default marker (`<tool_call>`, no key given) is only a guess at the model's template: a
+    /// `None` drops it silently, so the result is shorter than the configured list (the caller may
+    /// warn on that) and no request is ever seen ending in a tool call. `found` must hold one
+    /// entry per configured marker ([`Error::InvalidArgument`] otherwise).
+    pub fn resolve_tool_call_markers(&self, found: &[Option<u32>]) -> Result<Vec<u32>> {
+        if found.len() != self.tool_call_markers.len() {
+            return Err(Error::argument(
+                "found",
+                format!("{} entries for {} configured marker(s)", found.len(), self.tool_call_markers.len()),
+                "needs one entry per configured tool-call marker, in order",
+            ));
+        }
+        let mut ids = Vec::with_capacity(found.len());
+        for (i, (marker, id)) in self.tool_call_markers.iter().zip(found).enumerate() {
+            match id {
+                Some(id) => ids.push(*id),
+                None if self.tool_call_markers_explicit => {
+                    return Err(Error::config(
+                        format!("tool_call_markers[{i}]"),
+                        format!(
+                            "`{marker}` is not a single token of this model's vocabulary; a tool-call \
+                             marker must be one token"
+                        ),
+                    ))
+                }
+                None => {}
+            }
+        }
+        Ok(ids)
     }
 
     /// Comma-separated class names, for error messages.
@@ -273,7 +353,10 @@ impl Config {
             aging_ms: positive("aging_ms", raw.aging_ms.unwrap_or(10_000.0))?,
             starvation_ms: positive("starvation_ms", raw.starvation_ms.unwrap_or(60_000.0))?,
             evict_reasoning_blocks: raw.evict_reasoning_blocks.unwrap_or(ReasoningBlockRule::UnlessToolCall),
-            tool_call_markers: raw.tool_call_markers.unwrap_or_else(|| vec!["<tool_call>".to_owned()]),
+            tool_call_markers_explicit: raw.tool_call_markers.is_some(),
+            tool_call_markers: raw
+                .tool_call_markers
+                .unwrap_or_else(|| vec![DEFAULT_TOOL_CALL_MARKER.to_owned()]),
             stall_factor: at_least("stall_factor", raw.stall_factor.unwrap_or(5.0), 1.0)?,
             think_tokens_prior: non_empty_prior(
                 "think_tokens_prior",
@@ -444,8 +527,96 @@ fn non_empty_prior(key: &str, given: Option<Vec<u32>>, default: &[u32]) -> Resul
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
     use crate::thinking::{EatRule, LoadAwareBudget, ProxyRule, RpdiRule};
+
+    #[test]
+    fn policies_parse_by_their_one_name() {
+        assert_eq!(Policy::ALL.map(Policy::name), ["meridian", "answer_first", "pascal"]);
+        for policy in Policy::ALL {
+            assert_eq!(Policy::from_name(policy.name()), Some(policy));
+            let config = Config::from_json(&format!(r#"{{"policy": "{}"}}"#, policy.name())).unwrap();
+            assert_eq!(config.policy, policy);
+        }
+        assert_eq!(Config::default().policy, Policy::Meridian);
+        assert_eq!(Policy::from_name("Meridian"), None);
+        let msg = Config::from_json(r#"{"policy": "fcfs"}"#).unwrap_err().to_string();
+        assert!(msg.contains("`policy`") && msg.contains("fcfs") && msg.contains("`answer_first`"), "{msg}");
+        let msg = Config::from_json(r#"{"policy": 3}"#).unwrap_err().to_string();
+        assert!(msg.contains("`policy`"), "{msg}");
+    }
+
+    #[test]
+    fn explicit_tool_call_markers_must_each_be_one_token() {
+        let config = Config::from_json(r#"{"tool_call_markers": ["<tool_call>", "<tool>"]}"#).unwrap();
+        assert!(config.tool_call_markers_explicit);
+        assert_eq!(config.resolve_tool_call_markers(&[Some(7), Some(9)]), Ok(vec![7, 9]));
+        let err = config.resolve_tool_call_markers(&[Some(7), None]).unwrap_err();
+        let Error::InvalidConfig { key, reason } = &err else { panic!("{err:?}") };
+        assert_eq!(key, "tool_call_markers[1]");
+        assert_eq!(
+            reason,
+            "`<tool>` is not a single token of this model's vocabulary; a tool-call marker must be one token"
+        );
+        // Giving the default list explicitly is still explicit.
+        let config = Config::from_json(r#"{"tool_call_markers": ["<tool_call>"]}"#).unwrap();
+        assert!(config.tool_call_markers_explicit);
+        let msg = config.resolve_tool_call_markers(&[None]).unwrap_err().to_string();
+        assert!(msg.contains("tool_call_markers[0]") && msg.contains("`<tool_call>`"), "{msg}");
+        // An explicit empty list resolves to no markers.
+        let config = Config::from_json(r#"{"tool_call_markers": []}"#).unwrap();
+        assert_eq!(config.resolve_tool_call_markers(&[]), Ok(vec![]));
+    }
+
+    #[test]
+    fn the_default_tool_call_marker_is_dropped_when_not_one_token() {
+        let config = Config::default();
+        assert!(!config.tool_call_markers_explicit);
+        assert_eq!(config.tool_call_markers, vec!["<tool_call>".to_owned()]);
+        assert_eq!(config.resolve_tool_call_markers(&[Some(151_657)]), Ok(vec![151_657]));
+        assert_eq!(config.resolve_tool_call_markers(&[None]), Ok(vec![]));
+    }
+
+    #[test]
+    fn resolving_tool_call_markers_needs_one_entry_per_marker() {
+        let config = Config::default();
+        for found in [&[][..], &[Some(1), Some(2)][..]] {
+            let err = config.resolve_tool_call_markers(found).unwrap_err();
+            assert!(matches!(err, Error::InvalidArgument { name: "found", .. }), "{err:?}");
+            let msg = err.to_string();
+            assert!(msg.contains(&format!("{} entries for 1 configured marker(s)", found.len())), "{msg}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn resolved_tool_call_markers_keep_the_single_tokens_in_order(
+            found in prop::collection::vec(prop::option::of(0u32..1000), 0..6),
+            explicit: bool,
+        ) {
+            let config = Config {
+                tool_call_markers: (0..found.len()).map(|i| format!("<m{i}>")).collect(),
+                tool_call_markers_explicit: explicit,
+                ..Config::default()
+            };
+            let single: Vec<u32> = found.iter().flatten().copied().collect();
+            match config.resolve_tool_call_markers(&found) {
+                Ok(ids) => {
+                    prop_assert!(!explicit || ids.len() == found.len());
+                    prop_assert_eq!(ids, single);
+                }
+                Err(Error::InvalidConfig { key, reason }) => {
+                    let first_missing = found.iter().position(Option::is_none);
+                    prop_assert!(explicit);
+                    prop_assert_eq!(Some(key), first_missing.map(|i| format!("tool_call_markers[{i}]")));
+                    prop_assert!(reason.contains(&format!("`<m{}>`", first_missing.unwrap_or(0))), "{}", reason);
+                }
+                Err(other) => prop_assert!(false, "{other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn empty_object_gives_defaults() {

@@ -1,6 +1,8 @@
-//! The SLO ledger: per-request timestamps for every metric of DESIGN §4, and per-class
-//! attainment counters. Timestamps are monotone per request (a token observed earlier than the
-//! previous one is clamped to it), so every derived latency is non-negative; counters only grow.
+//! The SLO ledger: per-request timestamps for every metric of DESIGN §4, per-class attainment
+//! counters, and [`FinishReason`], the one map from vLLM's finish reasons (as vLLM names them on
+//! the wire) to the core's. Timestamps are monotone per request (a token observed earlier than
+//! the previous one is clamped to it), so every derived latency is non-negative; counters only
+//! grow.
 
 use crate::phase::{Phase, TokenKind};
 use crate::slo::SloTargets;
@@ -18,7 +20,48 @@ pub enum FinishReason {
     Error,
 }
 
+/// vLLM's `FinishReason.REPETITION` on the wire.
+const VLLM_REPETITION: &str = "repetition";
+
 impl FinishReason {
+    /// Every reason, in declaration order.
+    pub const ALL: [FinishReason; 4] =
+        [FinishReason::Stopped, FinishReason::Length, FinishReason::Aborted, FinishReason::Error];
+
+    /// The reason for vLLM's `FinishReason` as vLLM names it on the wire (`str(FinishReason.STOP)
+    /// == "stop"`): `stop`, `length`, `abort` and `error`, exactly and lower case, and
+    /// `repetition` (vLLM cut a repetitive, hallucinating output short), which is a truncation
+    /// like `length`: its output lengths must not teach the predictors. `None` for anything
+    /// else (a reason a newer vLLM added, or a caller bug); [`crate::Meridian::finish`] releases
+    /// such a request as [`FinishReason::Error`] and reports the string.
+    pub fn from_vllm(name: &str) -> Option<FinishReason> {
+        match name {
+            VLLM_REPETITION => Some(FinishReason::Length),
+            _ => FinishReason::ALL.into_iter().find(|r| r.vllm_name() == name),
+        }
+    }
+
+    /// vLLM's name of this reason (the inverse of [`FinishReason::from_vllm`]).
+    pub const fn vllm_name(self) -> &'static str {
+        match self {
+            FinishReason::Stopped => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Aborted => "abort",
+            FinishReason::Error => "error",
+        }
+    }
+
+    /// The core's name of this reason, as reports carry it: `stopped`, `length`, `aborted` or
+    /// `error`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FinishReason::Stopped => "stopped",
+            FinishReason::Length => "length",
+            FinishReason::Aborted => "aborted",
+            FinishReason::Error => "error",
+        }
+    }
+
     /// Whether the request ran to a natural end and so counts towards SLO attainment.
     pub fn completed(self) -> bool {
         matches!(self, FinishReason::Stopped | FinishReason::Length)
@@ -255,7 +298,41 @@ impl ClassCounters {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    #[test]
+    fn vllm_finish_reasons_map_onto_the_core_reasons() {
+        assert_eq!(FinishReason::from_vllm("stop"), Some(FinishReason::Stopped));
+        assert_eq!(FinishReason::from_vllm("length"), Some(FinishReason::Length));
+        assert_eq!(FinishReason::from_vllm("abort"), Some(FinishReason::Aborted));
+        assert_eq!(FinishReason::from_vllm("error"), Some(FinishReason::Error));
+        // Exactly vLLM's spelling: not the core's names, not another case, no padding.
+        assert_eq!(FinishReason::from_vllm("repetition"), Some(FinishReason::Length));
+        for other in ["stopped", "aborted", "STOP", "Stop", " stop", "stop\n", "", "hallucination"] {
+            assert_eq!(FinishReason::from_vllm(other), None, "{other:?}");
+        }
+        let names: Vec<_> = FinishReason::ALL.iter().map(|r| r.name()).collect();
+        assert_eq!(names, ["stopped", "length", "aborted", "error"]);
+    }
+
+    proptest! {
+        #[test]
+        fn from_vllm_accepts_exactly_vllms_wire_names(
+            name in prop_oneof![
+                prop::sample::select(vec!["stop", "length", "abort", "error"]).prop_map(str::to_owned),
+                "[a-zA-Z_ ]{0,8}",
+            ]
+        ) {
+            let known = ["stop", "length", "abort", "error"].contains(&name.as_str());
+            let parsed = FinishReason::from_vllm(&name);
+            prop_assert_eq!(parsed.is_some(), known || name == "repetition");
+            if let (Some(reason), true) = (parsed, known) {
+                prop_assert_eq!(reason.vllm_name(), name.as_str());
+            }
+        }
+    }
 
     #[test]
     fn metrics_follow_the_design_definitions() {

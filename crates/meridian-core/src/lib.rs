@@ -13,13 +13,17 @@
 //!     req_id, arrival_ms: 0.0, prompt_token_ids: &[7, 8, 9], max_tokens: 64,
 //!     slo_class: None, priority: 0,
 //! };
-//! let thinker = core.add_request(new("a")).unwrap();
-//! let answerer = core.add_request(new("b")).unwrap();
+//! let (thinker, class) = core.add_request(new("a")).unwrap();
+//! assert_eq!(core.config().classes[class.index()].name, "standard"); // priority 0's class
+//! let (answerer, _) = core.add_request(new("b")).unwrap();
 //! core.on_tokens(5.0, thinker, &[42]).unwrap();
 //! core.on_tokens(5.0, answerer, &[42, THINK_END, 43]).unwrap();
 //! let plan = core.plan_step(10.0, &[thinker, answerer], &[], 100).unwrap();
 //! // The answering request goes first; the thinking one is the preemption victim.
 //! assert_eq!(plan.running_order, vec![1, 0]);
+//! // vLLM's finish reason and its full output list: the unseen tail (44) is fed first.
+//! let done = core.finish(12.0, answerer, "stop", &[42, THINK_END, 43, 44]).unwrap();
+//! assert_eq!((done.reason.name(), done.ledger.num_answer_tokens), ("stopped", 2));
 //! ```
 
 #![warn(missing_docs)]
@@ -44,7 +48,7 @@ pub use phase::{Phase, ReasoningMarkers, TokenKind};
 pub use scheduler::{
     EngineLimits, FinishedRequest, Meridian, NewRequest, Preemption, ReqHandle, SchedulerStats, StepPlan,
 };
-pub use slo::{ClassId, SloClass, SloTargets};
+pub use slo::{ClassId, SloClass, SloTargets, CLASS_ARG};
 pub use step_model::{StepCoefficients, StepShape};
 pub use thinking::{
     Boundaries, Boundary, ClosingPolicy, EatRule, EatSignal, FiredAt, IgnoredInputs, LoadAwareBudget,

@@ -2,9 +2,14 @@
 //! class, ledger) and, once per engine step, turns plain numbers into plain decisions — the order
 //! of `running` (its last entry is vLLM's preemption victim), the order of `waiting`, how many
 //! waiting requests may be admitted under the answer KV reserve, and the step's token budget.
-//! Invariants: a live request has exactly one slot and one handle; a plan's orders are
-//! permutations of the lists passed in (nothing lost or duplicated), total and deterministic for
-//! the same state; the budget lies in `[1, max_num_batched_tokens]`; phases only move forward.
+//! The rules the shim would otherwise repeat live here once: a request's class is resolved when
+//! it is added ([`Meridian::add_request`] returns it), a step's duration is measured when its
+//! output arrives ([`Meridian::on_step_output`] returns it), and a request finishes with vLLM's
+//! own finish reason and output tokens ([`Meridian::finish`] maps the one and feeds the unseen
+//! tail of the other). Invariants: a live request has exactly one slot and one handle; a plan's
+//! orders are permutations of the lists passed in (nothing lost or duplicated), total and
+//! deterministic for the same state; the budget lies in `[1, max_num_batched_tokens]`; phases
+//! only move forward; an unknown finish reason never fails or loses a request.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -72,7 +77,7 @@ pub struct NewRequest<'a> {
     pub prompt_token_ids: &'a [u32],
     /// `sampling_params.max_tokens`.
     pub max_tokens: u32,
-    /// Explicit SLO class (`meridian_class`), if the client gave one.
+    /// Explicit SLO class (the request argument [`crate::CLASS_ARG`]), if the client gave one.
     pub slo_class: Option<&'a str>,
     /// vLLM priority (lower is more important); maps onto a class when none is named.
     pub priority: i64,
@@ -115,8 +120,11 @@ pub struct FinishedRequest {
     pub req_id: String,
     /// Its SLO class.
     pub class: ClassId,
-    /// Why it ended.
+    /// Why it ended ([`FinishReason::Error`] for a finish reason the core does not know).
     pub reason: FinishReason,
+    /// The finish reason as the caller passed it when [`FinishReason::from_vllm`] does not know
+    /// it (`reason` is then [`FinishReason::Error`]); `None` for every known reason.
+    pub unknown_finish_reason: Option<String>,
     /// Timestamps and counters.
     pub ledger: RequestLedger,
     /// Derived latencies.
@@ -150,6 +158,9 @@ pub struct SchedulerStats {
     pub num_probes: u64,
     /// Prompt tokens of those probes (their cost before prefix-cache hits).
     pub num_probe_prompt_tokens: u64,
+    /// Requests finished with a finish reason the core does not know (each also counts in
+    /// `num_finished`, as [`FinishReason::Error`]; probes are not counted).
+    pub num_unknown_finish_reasons: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -363,11 +374,6 @@ impl Meridian {
         &self.config
     }
 
-    /// The engine limits.
-    pub fn limits(&self) -> EngineLimits {
-        self.limits
-    }
-
     /// Engine-wide counters.
     pub fn stats(&self) -> SchedulerStats {
         self.stats
@@ -409,19 +415,8 @@ impl Meridian {
         Ok(self.get(handle)?.num_output_tokens)
     }
 
-    /// SLO class of a live request.
-    pub fn class_of(&self, handle: ReqHandle) -> Result<ClassId> {
-        Ok(self.get(handle)?.class)
-    }
-
-    /// Ledger of a live request.
-    pub fn ledger(&self, handle: ReqHandle) -> Result<&RequestLedger> {
-        Ok(&self.get(handle)?.ledger)
-    }
-
-    /// Resolves the SLO class a request would get, without adding it: lets the caller reject a
-    /// bad class for one request before it reaches the engine.
-    pub fn resolve_class(&self, req_id: &str, slo_class: Option<&str>, priority: i64) -> Result<ClassId> {
+    /// The SLO class a request gets: the one it names, else the one its priority maps to.
+    fn resolve_class(&self, req_id: &str, slo_class: Option<&str>, priority: i64) -> Result<ClassId> {
         match slo_class {
             Some(name) => self.config.class_by_name(name).ok_or_else(|| Error::UnknownSloClass {
                 req_id: req_id.to_owned(),
@@ -432,8 +427,10 @@ impl Meridian {
         }
     }
 
-    /// Starts tracking a request.
-    pub fn add_request(&mut self, req: NewRequest<'_>) -> Result<ReqHandle> {
+    /// Starts tracking a request; returns its handle and the SLO class it was given (the class it
+    /// names, else the class its priority maps to, [`Config::class_for_priority`]). Nothing is
+    /// tracked when it fails: a class that is not configured is [`Error::UnknownSloClass`].
+    pub fn add_request(&mut self, req: NewRequest<'_>) -> Result<(ReqHandle, ClassId)> {
         let arrival_ms = check_time_ms("arrival_ms", req.arrival_ms)?;
         if self.by_req_id.contains_key(req.req_id) {
             return Err(Error::DuplicateRequest { req_id: req.req_id.to_owned() });
@@ -459,13 +456,14 @@ impl Meridian {
         let handle = self.insert(tracked);
         self.by_req_id.insert(req.req_id.to_owned(), handle);
         self.stats.num_added += 1;
-        Ok(handle)
+        Ok((handle, class))
     }
 
     /// Adds an internal EAT probe for `parent` (the parent's class; one token): its prompt is
     /// the parent's tokens so far plus the reasoning-end marker, so it is mostly a prefix-cache
-    /// hit and runs in the answer phase. See [`Tracked::probe`] for how it is kept out of the
-    /// books.
+    /// hit and runs in the answer phase. It is scheduled like any request of its class but kept
+    /// out of the books: never in the added, finished or class counters, never learnt from, and
+    /// its blocks (the parent's reasoning) are not reported never-reusable.
     pub fn add_probe(
         &mut self,
         req_id: &str,
@@ -475,7 +473,7 @@ impl Meridian {
     ) -> Result<ReqHandle> {
         let class = self.get(parent)?.class;
         let class_name = self.config.classes[class.index()].name.clone();
-        let handle = self.add_request(NewRequest {
+        let (handle, _) = self.add_request(NewRequest {
             req_id,
             arrival_ms,
             prompt_token_ids,
@@ -577,8 +575,13 @@ impl Meridian {
     }
 
     /// Records the end of a step's execution (its output reached the scheduler at `now_ms`) and
-    /// folds the measured duration into the step-time model.
-    pub fn on_step_output(&mut self, now_ms: f64, step_id: u64, shape: StepShape) -> Result<()> {
+    /// folds the measured duration into the step-time model. The step started when both it was
+    /// scheduled and the previous output had arrived: `max(scheduled_at, previous output)`.
+    /// Returns that measured duration exactly when it was folded in — the step matches a plan
+    /// still pending (an older or unknown `step_id` matches none), it executed something
+    /// (`shape` has prefill tokens or decoding requests) and the duration is non-negative — and
+    /// `None` otherwise.
+    pub fn on_step_output(&mut self, now_ms: f64, step_id: u64, shape: StepShape) -> Result<Option<f64>> {
         let now_ms = check_time_ms("now_ms", now_ms)?;
         while self.pending_steps.front().is_some_and(|p| p.step_id < step_id) {
             self.pending_steps.pop_front();
@@ -587,6 +590,7 @@ impl Meridian {
             Some(p) if p.step_id == step_id => self.pending_steps.pop_front(),
             _ => None,
         };
+        let mut measured_ms = None;
         if let Some(p) = pending {
             // Under async scheduling the step started when both it was scheduled and the previous
             // output had arrived; before that the device was busy with the previous step.
@@ -594,23 +598,43 @@ impl Meridian {
                 self.last_output_ms.map_or(p.scheduled_at_ms, |last| last.max(p.scheduled_at_ms));
             let executed = shape.num_prefill_tokens > 0 || shape.num_decode_requests > 0;
             if executed && now_ms >= started_ms {
-                self.step_model.observe(StepSample { shape, duration_ms: now_ms - started_ms });
+                let duration_ms = now_ms - started_ms;
+                self.step_model.observe(StepSample { shape, duration_ms });
                 self.stats.num_step_samples += 1;
+                measured_ms = Some(duration_ms);
             }
         }
         self.last_output_ms = Some(now_ms);
-        Ok(())
+        Ok(measured_ms)
     }
 
-    /// Stops tracking a request and reports what it did.
+    /// Stops tracking a request and reports what it did. `finish_reason` is vLLM's finish reason
+    /// as vLLM names it (`stop`, `length`, `abort`, `error`; [`FinishReason::from_vllm`]) and
+    /// `output_token_ids` the request's full output as vLLM holds it now: the tokens beyond the
+    /// [`Self::num_output_tokens`] already seen are fed first, at `now_ms`, exactly as
+    /// [`Self::on_tokens`] would (nothing when the list is not longer).
+    ///
+    /// A reason the core does not know never fails and never loses the request: it is released
+    /// and reported as [`FinishReason::Error`] with the string in
+    /// [`FinishedRequest::unknown_finish_reason`], counted in
+    /// [`SchedulerStats::num_unknown_finish_reasons`], and neither length predictor learns from
+    /// it. Only a bad `now_ms` or a handle that is not live fails, and then nothing changes.
     pub fn finish(
         &mut self,
         now_ms: f64,
         handle: ReqHandle,
-        reason: FinishReason,
+        finish_reason: &str,
+        output_token_ids: &[u32],
     ) -> Result<FinishedRequest> {
         let now_ms = check_time_ms("now_ms", now_ms)?;
-        self.get(handle)?;
+        let num_seen = self.get(handle)?.num_output_tokens as usize;
+        if let Some(unseen) = output_token_ids.get(num_seen..).filter(|tail| !tail.is_empty()) {
+            self.on_tokens(now_ms, handle, unseen)?;
+        }
+        let (reason, unknown_finish_reason) = match FinishReason::from_vllm(finish_reason) {
+            Some(reason) => (reason, None),
+            None => (FinishReason::Error, Some(finish_reason.to_owned())),
+        };
         let slot = &mut self.slots[handle.slot()];
         let mut request = slot.request.take().ok_or(Error::UnknownRequest { handle: handle.0 })?;
         slot.generation = slot.generation.wrapping_add(1);
@@ -629,6 +653,7 @@ impl Meridian {
                 metrics,
                 never_reusable_from_token: None,
                 reason,
+                unknown_finish_reason,
                 class: request.class,
                 ledger: request.ledger,
                 req_id: request.req_id,
@@ -640,15 +665,20 @@ impl Meridian {
             let recent = &mut self.recent_ttfat_attainment[request.class.index()];
             *recent = Some(blend_attainment(*recent, met));
         }
-        self.learn_lengths(&request, reason);
+        if unknown_finish_reason.is_none() {
+            // Nothing is known about how an unknown reason ended the request: learn nothing.
+            self.learn_lengths(&request, reason);
+        }
         let never_reusable_from_token = self.never_reusable_from(&request);
         self.stats.num_finished += 1;
+        self.stats.num_unknown_finish_reasons += u64::from(unknown_finish_reason.is_some());
         self.stats.num_reasoning_evictions += u64::from(never_reusable_from_token.is_some());
         Ok(FinishedRequest {
             attainment: Attainment::judge(&metrics, &targets),
             metrics,
             never_reusable_from_token,
             reason,
+            unknown_finish_reason,
             class: request.class,
             ledger: request.ledger,
             req_id: request.req_id,

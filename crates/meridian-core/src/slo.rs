@@ -1,6 +1,11 @@
-//! SLO classes and their targets. A class is identified by a dense [`ClassId`] (its index in
-//! [`crate::Config::classes`]); targets are validated positive and finite at configuration time,
-//! so every deadline computed from them is a finite number.
+//! SLO classes and their targets, and [`CLASS_ARG`], the request argument that names a class. A
+//! class is identified by a dense [`ClassId`] (its index in [`crate::Config::classes`]); targets
+//! are validated positive and finite at configuration time, so every deadline computed from them
+//! is a finite number.
+
+/// Request argument (`vllm_xargs` / `SamplingParams.extra_args`) naming the request's SLO class;
+/// without it the request's vLLM priority picks the class ([`crate::NewRequest::slo_class`]).
+pub const CLASS_ARG: &str = "meridian_class";
 
 /// Index of an SLO class in the configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,7 +34,7 @@ pub struct SloTargets {
 /// A named class with its targets and its admission rank (0 is served first).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SloClass {
-    /// Name operators and clients use (`meridian_class`).
+    /// Name operators and clients use (the request argument [`CLASS_ARG`]).
     pub name: String,
     /// Admission rank: lower ranks are admitted first; aging lowers a waiting request's rank.
     pub rank: u8,

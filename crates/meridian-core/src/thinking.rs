@@ -4,10 +4,10 @@
 //! proxy (probability and rank of the reasoning-end token in the ordinary next-token
 //! distribution) and RPDI (bursts of high-entropy transition tokens, arXiv 2603.14251) — plus the
 //! closing text forced before the marker. This module only decides *when*; the caller (the logits
-//! processor) measures the signals and forces the text. The EAT and RPDI updates are the f32
-//! arithmetic of `cuda/signals.cu` and its NumPy twin, operation for operation (no fused
-//! multiply-add), so the CPU and GPU paths agree bit for bit — on the GPU only when the kernel is
-//! compiled without FMA contraction (`--fmad=false`; NVRTC contracts by default). Invariant: a [`ThinkingState`] fires at most once, never before the firing
+//! processor) measures the signals and forces the text. The EAT and RPDI updates run here, on the
+//! host, in f32 with a fixed operation order and no fused multiply-add ([`eat_update`],
+//! [`rpdi_update`]), so a decision depends on the signals alone, never on the device that
+//! measured them. Invariant: a [`ThinkingState`] fires at most once, never before the firing
 //! rule's own minimum, and never panics; unusable inputs (NaN, ±inf, entropies outside
 //! ±[`MAX_ENTROPY_NATS`], probabilities outside [0, 1]) are counted and skipped, so they never
 //! enter — let alone poison — an EMA.
@@ -19,8 +19,7 @@ use crate::error::{Error, Result};
 /// Largest entropy, in nats, accepted as a signal. No distribution over a vocabulary that `u32`
 /// token ids can index exceeds `ln 2³² ≈ 22.2` nats, so a larger value is a caller bug; the
 /// bound also keeps every EMA finite (`|d| ≤ 64`, so `d²` cannot overflow f32). Values are
-/// accepted when `|x| ≤ 32`: tiny negative entropies from rounding go through as the kernel
-/// takes them.
+/// accepted when `|x| ≤ 32`: tiny negative entropies from rounding go through as measured.
 pub const MAX_ENTROPY_NATS: f32 = 32.0;
 
 /// Longest accepted closing text, in characters (it is forced token by token, so it should be a
@@ -159,7 +158,7 @@ impl Default for LoadAwareBudget {
 
 /// EAT stop rule (arXiv 2509.26522, code `xidulu/EAT`): at each reasoning-line boundary (`\n\n`)
 /// the caller measures the entropy of the next token after appending the reasoning-end marker;
-/// its exponentially weighted mean and variance are updated as in `cuda/signals.cu`, and the
+/// its exponentially weighted mean and variance are updated by [`eat_update`], and the
 /// rule fires at the first probe with `count ≥ min_lines` and `var < variance_threshold`.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -168,7 +167,7 @@ pub struct EatRule {
     /// `interwhen` EAT monitor; the EAT README suggests a warm-up of ≈ 4/α = 20 lines, below
     /// `min_lines`).
     pub alpha: f32,
-    /// δ, in nats², > 0 (default 1.25e-4). The kernel keeps the West form
+    /// δ, in nats², > 0 (default 1.25e-4). [`eat_update`] keeps the West form
     /// `var = (1−α)(var + α·d²)`, exactly `1/(1−α)` times the paper code's
     /// `α·(x − mean_new)² + (1−α)·var` on the same series, so δ here = δ_paper / (1 − α):
     /// `interwhen`'s δ = 1e-4 at α = 0.2 gives 1.25e-4 (an EW standard deviation of ≈ 0.011
@@ -215,7 +214,7 @@ impl Default for ProxyRule {
 /// RPDI deviation rule (arXiv 2603.14251: overthinking "deviates from the correct reasoning path
 /// … frequently accompanied by high-entropy transition tokens"; the paper's formula and constants
 /// are not public). Ours: a token is a *transition* token when its entropy exceeds
-/// `high_entropy_nats`; the local rate is the EMA of that indicator (as in `cuda/signals.cu`),
+/// `high_entropy_nats`; the local rate is the EMA of that indicator ([`rpdi_update`]),
 /// the global rate is transitions / tokens; at a sentence boundary the rule fires when
 /// `local / global ≥ ratio_threshold` — a burst of transitions well above the request's own
 /// baseline, which is the direction the abstract describes. All defaults are ours, uncalibrated:
@@ -487,8 +486,7 @@ impl RpdiRule {
     }
 }
 
-/// EAT signal state of one request: the slot arrays `eat_mean`, `eat_var`, `eat_count` of
-/// `cuda/signals.cu`.
+/// EAT signal state of one request, updated by [`eat_update`].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EatSignal {
     /// Exponentially weighted mean of the EAT values, nats.
@@ -499,8 +497,7 @@ pub struct EatSignal {
     pub count: u32,
 }
 
-/// RPDI signal state of one request: the slot arrays `rpdi_num_tokens`, `rpdi_num_high`,
-/// `rpdi_local_rate` of `cuda/signals.cu`.
+/// RPDI signal state of one request, updated by [`rpdi_update`].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RpdiSignal {
     /// Tokens with a usable entropy.
@@ -511,9 +508,9 @@ pub struct RpdiSignal {
     pub local_rate: f32,
 }
 
-/// One EAT probe, exactly as `cuda/signals.cu` (f32, no fused multiply-add): the first probe
-/// sets `mean = x, var = 0`; later ones `d = x − mean; mean += α·d; var = (1 − α)(var + α·d·d)`.
-/// The caller filters unusable values (the kernel does not; see [`MAX_ENTROPY_NATS`]).
+/// One EAT probe, in f32, in this operation order and without fused multiply-add: the first
+/// probe sets `mean = x, var = 0`; later ones `d = x − mean; mean += α·d; var = (1 − α)(var +
+/// α·d·d)`. It takes any value: the caller filters unusable ones (see [`MAX_ENTROPY_NATS`]).
 pub fn eat_update(signal: &mut EatSignal, x: f32, alpha: f32) {
     if signal.count == 0 {
         signal.mean = x;
@@ -526,8 +523,8 @@ pub fn eat_update(signal: &mut EatSignal, x: f32, alpha: f32) {
     signal.count = signal.count.saturating_add(1);
 }
 
-/// One ordinary reasoning token, exactly as `cuda/signals.cu`: `high = x > threshold ? 1 : 0`;
-/// count it; `local += α·(high − local)`.
+/// One ordinary reasoning token, in f32, in this operation order: `high = x > threshold ? 1 :
+/// 0`; count it; `local += α·(high − local)`.
 pub fn rpdi_update(signal: &mut RpdiSignal, x: f32, high_entropy_nats: f32, alpha: f32) {
     let is_high = x > high_entropy_nats;
     let high: f32 = if is_high { 1.0 } else { 0.0 };
@@ -852,10 +849,10 @@ mod tests {
     }
 
     #[test]
-    fn signal_updates_match_the_numpy_twin_bit_for_bit() {
-        // Golden bits from `python/meridian/kernels/reference.py::update_signals_reference`
-        // (float32 NumPy, one row per call) with eat_alpha = 0.2, high_entropy_nats = 2.5,
-        // rpdi_alpha = 0.05 — the same arithmetic as `cuda/signals.cu`.
+    fn signal_updates_match_float32_golden_bits() {
+        // Golden bits computed with float32 NumPy in the same operation order (no fused
+        // multiply-add), one value per call, with eat_alpha = 0.2, high_entropy_nats = 2.5,
+        // rpdi_alpha = 0.05.
         let eat_in = [2.5f32, 1.75, 1.9, 0.6, 0.61, 0.59, 0.6];
         let eat_golden: [(u32, u32); 7] = [
             (0x4020_0000, 0x0000_0000),
@@ -890,9 +887,9 @@ mod tests {
     }
 
     #[test]
-    fn kernel_variance_is_the_paper_codes_over_one_minus_alpha() {
+    fn west_variance_is_the_paper_codes_over_one_minus_alpha() {
         // xidulu/EAT `exponential_moving_variance`: mean_t = α·x + (1−α)·mean; var_t = α·(x −
-        // mean_t)² + (1−α)·var, var_0 = 0. Ours (the kernel's) is that divided by (1 − α).
+        // mean_t)² + (1−α)·var, var_0 = 0. Ours (the West form) is that divided by (1 − α).
         let xs = [2.5f64, 1.75, 1.9, 0.6, 0.61, 0.59, 0.6, 0.4, 0.45, 0.44];
         let alpha = 0.2f64;
         let (mut mean, mut var) = (xs[0], 0.0f64);
@@ -951,7 +948,7 @@ mod tests {
         assert_eq!(run(&|_| 0.5), Some(25));
         // Falling 2.5 → 0.5 nats over five lines, then flat: var decays by ≈ (1 − α) per line
         // and first drops below 1.25e-4 at line 49 (1.109e-4; line 48: 1.386e-4), as computed
-        // with float32 NumPy in the kernel's operation order.
+        // with float32 NumPy in `eat_update`'s operation order.
         assert_eq!(run(&|line| if line <= 5 { 3.0 - 0.5 * line as f32 } else { 0.5 }), Some(49));
     }
 

@@ -1,10 +1,12 @@
 //! PyO3 bindings of `meridian-core` as the extension module `meridian._core`. This crate only
 //! converts Python values into the core's plain inputs, delegates, and maps each core error
-//! variant onto its Python exception class (`meridian.errors`); it holds no policy.
+//! variant onto its Python exception class (`meridian.errors`); it holds no policy. The names the
+//! core defines (request arguments, policy names) are exported as module constants, so Python
+//! never spells them again.
 
 use meridian_core as core;
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 mod errors;
 mod thinking;
@@ -13,10 +15,7 @@ use errors::to_py;
 
 /// CUDA kernel sources embedded at build time (DESIGN §1): the wheel carries them inside the
 /// extension, so the loader never depends on package-data paths.
-const KERNEL_SOURCES: &[(&str, &str)] = &[
-    ("logits_stats.cu", include_str!("../../../cuda/logits_stats.cu")),
-    ("signals.cu", include_str!("../../../cuda/signals.cu")),
-];
+const KERNEL_SOURCES: &[(&str, &str)] = &[("logits_stats.cu", include_str!("../../../cuda/logits_stats.cu"))];
 
 /// Returns the source of a bundled CUDA kernel file by name.
 #[pyfunction]
@@ -75,11 +74,15 @@ impl PyConfig {
     /// The scheduling policy (`meridian`, `answer_first` or `pascal`).
     #[getter]
     fn policy(&self) -> &'static str {
-        match self.inner.policy {
-            core::Policy::Meridian => "meridian",
-            core::Policy::AnswerFirst => "answer_first",
-            core::Policy::Pascal => "pascal",
-        }
+        self.inner.policy.name()
+    }
+
+    /// The tool-call marker ids, given per configured marker the single token id it is in the
+    /// model's vocabulary (`None` when it is not one token). Raises `ConfigError` naming
+    /// `tool_call_markers[i]` for a configured marker that is not one token; the default marker is
+    /// dropped instead (the result is then shorter than `tool_call_markers`).
+    fn resolve_tool_call_markers(&self, found: Vec<Option<u32>>) -> PyResult<Vec<u32>> {
+        self.inner.resolve_tool_call_markers(&found).map_err(to_py)
     }
 
     /// The thinking control a class runs under (its own, else the top-level one).
@@ -137,6 +140,7 @@ struct PyFinishedRequest {
     num_preemptions_answer: u32,
     met_all: bool,
     never_reusable_from_token: Option<u32>,
+    unknown_finish_reason: Option<String>,
 }
 
 /// The policy engine of one vLLM scheduler.
@@ -170,7 +174,7 @@ impl PyMeridian {
         self.inner.num_requests()
     }
 
-    /// Starts tracking a request; returns its handle.
+    /// Starts tracking a request; returns its handle and the name of the SLO class it was given.
     #[pyo3(signature = (req_id, arrival_ms, prompt_token_ids, max_tokens, slo_class, priority))]
     fn add_request(
         &mut self,
@@ -180,7 +184,7 @@ impl PyMeridian {
         max_tokens: u32,
         slo_class: Option<&str>,
         priority: i64,
-    ) -> PyResult<u64> {
+    ) -> PyResult<(u64, String)> {
         let req = core::NewRequest {
             req_id,
             arrival_ms,
@@ -189,7 +193,8 @@ impl PyMeridian {
             slo_class,
             priority,
         };
-        self.inner.add_request(req).map(|h| h.0).map_err(to_py)
+        let (handle, class) = self.inner.add_request(req).map_err(to_py)?;
+        Ok((handle.0, self.class_name(class)))
     }
 
     /// Starts tracking an internal EAT probe of `parent` (its class, one token, kept out of the
@@ -205,13 +210,6 @@ impl PyMeridian {
             .add_probe(req_id, arrival_ms, &prompt_token_ids, core::ReqHandle(parent))
             .map(|h| h.0)
             .map_err(to_py)
-    }
-
-    /// Name of the class a request would get (raises `UnknownSloClassError`).
-    #[pyo3(signature = (req_id, slo_class, priority))]
-    fn resolve_class(&self, req_id: &str, slo_class: Option<&str>, priority: i64) -> PyResult<String> {
-        let id = self.inner.resolve_class(req_id, slo_class, priority).map_err(to_py)?;
-        Ok(self.inner.config().classes[id.index()].name.clone())
     }
 
     /// Decides one step from the handles of `running` and `waiting` in their current order.
@@ -275,7 +273,8 @@ impl PyMeridian {
     }
 
     /// Records a step's output arrival and folds its duration, with the step's shape (prompt
-    /// tokens computed, requests decoding, KV context tokens read), into the step-time model.
+    /// tokens computed, requests decoding, KV context tokens read), into the step-time model;
+    /// returns the measured duration when it was folded in, else `None`.
     fn on_step_output(
         &mut self,
         now_ms: f64,
@@ -283,20 +282,31 @@ impl PyMeridian {
         num_prefill_tokens: u32,
         num_decode_requests: u32,
         num_context_tokens: u64,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<f64>> {
         let shape = core::StepShape { num_prefill_tokens, num_decode_requests, num_context_tokens };
         self.inner.on_step_output(now_ms, step_id, shape).map_err(to_py)
     }
 
-    /// Stops tracking a request; `reason` is `stopped`, `length`, `aborted` or `error`.
-    fn finish(&mut self, now_ms: f64, handle: u64, reason: &str) -> PyResult<PyFinishedRequest> {
-        let reason = finish_reason(reason)?;
-        let done = self.inner.finish(now_ms, core::ReqHandle(handle), reason).map_err(to_py)?;
+    /// Stops tracking a request. `finish_reason` is `str()` of vLLM's `FinishReason` (`stop`,
+    /// `length`, `abort`, `error`; anything else finishes it as `error` and is reported in
+    /// `unknown_finish_reason`); `output_token_ids` is its full output list, whose tail beyond
+    /// the tokens already fed is fed first.
+    fn finish(
+        &mut self,
+        now_ms: f64,
+        handle: u64,
+        finish_reason: &str,
+        output_token_ids: Vec<u32>,
+    ) -> PyResult<PyFinishedRequest> {
+        let done = self
+            .inner
+            .finish(now_ms, core::ReqHandle(handle), finish_reason, &output_token_ids)
+            .map_err(to_py)?;
         let m = &done.metrics;
         let p = done.ledger.num_preemptions;
         Ok(PyFinishedRequest {
-            slo_class: self.inner.config().classes[done.class.index()].name.clone(),
-            reason: reason_name(done.reason),
+            slo_class: self.class_name(done.class),
+            reason: done.reason.name(),
             arrival_ms: done.ledger.arrival_ms,
             ttft_ms: m.ttft_ms,
             ttfat_ms: m.ttfat_ms,
@@ -313,6 +323,7 @@ impl PyMeridian {
             num_preemptions_answer: p.answer,
             met_all: done.attainment.all(),
             never_reusable_from_token: done.never_reusable_from_token,
+            unknown_finish_reason: done.unknown_finish_reason,
             req_id: done.req_id,
         })
     }
@@ -345,6 +356,7 @@ impl PyMeridian {
         d.set_item("num_step_samples", s.num_step_samples)?;
         d.set_item("num_probes", s.num_probes)?;
         d.set_item("num_probe_prompt_tokens", s.num_probe_prompt_tokens)?;
+        d.set_item("num_unknown_finish_reasons", s.num_unknown_finish_reasons)?;
         Ok(d)
     }
 
@@ -387,6 +399,12 @@ impl PyMeridian {
     }
 }
 
+impl PyMeridian {
+    fn class_name(&self, class: core::ClassId) -> String {
+        self.inner.config().classes[class.index()].name.clone()
+    }
+}
+
 fn set_preemptions(d: &Bound<'_, PyDict>, p: &core::PhaseCountsU64) -> PyResult<()> {
     d.set_item("num_preemptions_prefill", p.prefill)?;
     d.set_item("num_preemptions_think", p.think)?;
@@ -406,31 +424,14 @@ fn phase_name(phase: core::Phase) -> &'static str {
     }
 }
 
-fn reason_name(reason: core::FinishReason) -> &'static str {
-    match reason {
-        core::FinishReason::Stopped => "stopped",
-        core::FinishReason::Length => "length",
-        core::FinishReason::Aborted => "aborted",
-        core::FinishReason::Error => "error",
-    }
-}
-
-fn finish_reason(name: &str) -> PyResult<core::FinishReason> {
-    match name {
-        "stopped" => Ok(core::FinishReason::Stopped),
-        "length" => Ok(core::FinishReason::Length),
-        "aborted" => Ok(core::FinishReason::Aborted),
-        "error" => Ok(core::FinishReason::Error),
-        other => Err(errors::invalid_argument(format!(
-            "finish reason {other:?} is not one of stopped, length, aborted, error"
-        ))),
-    }
-}
-
 /// The extension module.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("CLASS_ARG", core::CLASS_ARG)?;
+    m.add("THINKING_ARG", core::THINKING_ARG)?;
+    m.add("THINKING_BUDGET_ARG", core::THINKING_BUDGET_ARG)?;
+    m.add("POLICY_NAMES", PyTuple::new(m.py(), core::Policy::ALL.map(core::Policy::name))?)?;
     m.add_class::<PyConfig>()?;
     m.add_class::<PyMeridian>()?;
     m.add_class::<PyStepPlan>()?;

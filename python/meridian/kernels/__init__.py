@@ -1,10 +1,10 @@
-"""Thinking-control signals: the CUDA kernels (``cuda/*.cu``, embedded in the extension and
-compiled at run time by CuPy) and their NumPy reference, which is both the CPU path and the
-kernels' test oracle. ``import meridian.kernels`` needs neither CuPy nor torch; the launchers
-import them on first use."""
+"""Thinking-control measurements: the CUDA kernel (``cuda/logits_stats.cu``, embedded in the
+extension and compiled at run time by CuPy), its NumPy float64 reference (the test oracle), and
+the meters the logits processor uses (torch on CPU, the kernel on a side stream on GPU).
+``import meridian.kernels`` needs neither CuPy nor torch; the launchers import them on first use."""
 
-from meridian.kernels.reference import LogitsStats, SignalState, logits_stats_reference, update_signals_reference
+from meridian.kernels.reference import LogitsStats, logits_stats_reference
 
-KERNEL_FILES = ("logits_stats.cu", "signals.cu")
+KERNEL_FILES = ("logits_stats.cu",)
 
-__all__ = ["KERNEL_FILES", "LogitsStats", "SignalState", "logits_stats_reference", "update_signals_reference"]
+__all__ = ["KERNEL_FILES", "LogitsStats", "logits_stats_reference"]

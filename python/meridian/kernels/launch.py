@@ -22,15 +22,11 @@ if TYPE_CHECKING:
 
 LOGITS_STATS_THREADS = 1024
 MAX_TARGETS = 8
-SIGNAL_THREADS = 128
 NVRTC_BASE_OPTIONS = ("-std=c++17",)
-#: Per kernel file. signals.cu compiles without FMA contraction: its EMA updates must round
-#: exactly like the CPU path (the Rust core and the NumPy reference), so a request's
-#: thinking-control decision never depends on the device. logits_stats.cu keeps contraction (its
-#: results are checked to 1e-6 relative, and its bandwidth was measured so).
+#: Per kernel file. logits_stats.cu keeps FMA contraction: its results are checked to 1e-6
+#: relative, and its bandwidth was measured so.
 NVRTC_OPTIONS: dict[str, tuple[str, ...]] = {
     "logits_stats.cu": NVRTC_BASE_OPTIONS,
-    "signals.cu": (*NVRTC_BASE_OPTIONS, "--fmad=false"),
 }
 
 
@@ -135,61 +131,3 @@ def logits_stats(
             ),
         )
     return out
-
-
-@dataclass
-class DeviceSignalState:
-    """Per-slot signal state on the device (see ``cuda/signals.cu``)."""
-
-    eat_mean: torch.Tensor
-    eat_var: torch.Tensor
-    eat_count: torch.Tensor
-    rpdi_num_tokens: torch.Tensor
-    rpdi_num_high: torch.Tensor
-    rpdi_local_rate: torch.Tensor
-
-    @classmethod
-    def zeros(cls, num_slots: int, device: torch.device) -> DeviceSignalState:
-        import torch
-
-        f = {"dtype": torch.float32, "device": device}
-        i = {"dtype": torch.int32, "device": device}
-        return cls(torch.zeros(num_slots, **f), torch.zeros(num_slots, **f), torch.zeros(num_slots, **i),
-                   torch.zeros(num_slots, **i), torch.zeros(num_slots, **i), torch.zeros(num_slots, **f))
-
-
-def update_signals(
-    state: DeviceSignalState,
-    entropy: torch.Tensor,
-    row_is_probe: torch.Tensor,
-    slot_ids: torch.Tensor,
-    row_offsets: torch.Tensor,
-    *,
-    eat_alpha: float,
-    high_entropy_nats: float,
-    rpdi_alpha: float,
-    stream: torch.cuda.Stream | None = None,
-) -> None:
-    """Launches the per-slot signal update (one thread per active slot)."""
-    import cupy
-    import numpy as np
-    import torch
-
-    num_active = slot_ids.numel()
-    if num_active == 0:
-        return
-    device_id = entropy.device.index or 0
-    kernel = _function("signals.cu", "update_signals", device_id)
-    torch_stream = stream or torch.cuda.current_stream(entropy.device)
-    blocks = (num_active + SIGNAL_THREADS - 1) // SIGNAL_THREADS
-    with cupy.cuda.Device(device_id), _cupy_stream(torch_stream.cuda_stream, device_id):
-        kernel(
-            (blocks,),
-            (SIGNAL_THREADS,),
-            (
-                _ptr(entropy), _ptr(row_is_probe), _ptr(slot_ids), _ptr(row_offsets), np.int32(num_active),
-                np.float32(eat_alpha), np.float32(high_entropy_nats), np.float32(rpdi_alpha),
-                _ptr(state.eat_mean), _ptr(state.eat_var), _ptr(state.eat_count),
-                _ptr(state.rpdi_num_tokens), _ptr(state.rpdi_num_high), _ptr(state.rpdi_local_rate),
-            ),
-        )

@@ -579,3 +579,11 @@ def _nnls(design: npt.NDArray[np.float64], target: npt.NDArray[np.float64]) -> n
     result: npt.NDArray[np.float64] = x / norms
     return result
 
+
+
+def write_fitted_profile(step_log_path: Path, base: str, name: str, out: Path) -> str:
+    """``meridian fit-profile``: fits ``step_log_path`` on top of the profile ``base`` (name or
+    JSON file), writes the new profile to ``out``; returns what the fit reports."""
+    profile = fit_profile(step_log_path, Profile.load(base), name)
+    out.write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")
+    return f"wrote {out}: {profile.sources['fit']}"

@@ -16,26 +16,40 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from meridian.replay.engine import ReplayResult, Timeline, percentile_summary
+import numpy as np
+
+from meridian.offline.engine import Timeline
+from meridian.replay.policies import ReplayResult
 
 #: Latency fields summarised as ``{p50, p90, p99, mean}``.
 LATENCY_FIELDS = ("ttft_ms", "ttfat_ms", "answer_tpot_ms", "think_tpot_ms")
 
 
+def percentile_summary(values: Sequence[float]) -> dict[str, float | None]:
+    """``{p50, p90, p99, mean}`` of ``values`` (``None`` each when empty)."""
+    if not values:
+        return {"p50": None, "p90": None, "p99": None, "mean": None}
+    arr = np.asarray(values, dtype=np.float64)
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "mean": float(arr.mean())}
+
+
 def summarize(result: ReplayResult) -> dict[str, Any]:
     """The policy's metrics overall and per class (JSON-ready)."""
-    duration_s = max(result.clock_ms, 1e-9) / 1000.0
-    summary = _summarize_group(result.timelines, duration_s)
+    run = result.run
+    timelines = list(run.timelines.values())
+    duration_s = max(run.clock_ms, 1e-9) / 1000.0
+    summary = _summarize_group(timelines, duration_s)
     summary["per_class"] = {
-        name: _summarize_group([t for t in result.timelines if t.slo_class == name], duration_s)
-        for name in sorted({t.slo_class for t in result.timelines})
+        name: _summarize_group([t for t in timelines if t.slo_class == name], duration_s)
+        for name in sorted({t.slo_class for t in timelines})
     }
     summary.update(
         policy=result.policy,
         duration_s=duration_s,
-        num_steps=result.num_steps,
-        device_utilization=result.device_busy_ms / max(result.clock_ms, 1e-9),
-        answer_preemption_alarms=result.num_answer_preemption_alarms,
+        num_steps=run.num_steps,
+        device_utilization=run.device_busy_ms / max(run.clock_ms, 1e-9),
+        answer_preemption_alarms=run.num_answer_preemption_alarms,
     )
     return summary
 
@@ -81,7 +95,7 @@ class PolicyRun:
 
 def policy_run(result: ReplayResult, rate_scale: float) -> PolicyRun:
     """Reduces a replay to its summary and the per-request values the CDF plots need."""
-    reports = [t.report for t in result.timelines if t.report is not None and t.report.reason == "stopped"]
+    reports = [r for r in result.run.reports if r.reason == "stopped"]
     summary = summarize(result)
     summary["rate_scale"] = rate_scale
     return PolicyRun(

@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meridian._core import Config
+from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
-from meridian.replay.engine import POLICIES, ReplayEngine, model_dir_for, policy_spec
+from meridian.replay.policies import POLICIES, policy_spec, replay_policy
 from meridian.replay.profiles import Profile
 from meridian.replay.report import PolicyRun, plot_cdfs, plot_load_sweep, policy_run, table, write_json
+from meridian.replay.workload import model_dir_for, offline_requests
 
 #: The bundled trace excerpt ``meridian replay`` and the demo use when no trace is given.
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -134,8 +137,6 @@ def build_workload(options: ReplayOptions) -> tuple[list[traces.TraceRequest], d
 def check_classes(requests: Sequence[traces.TraceRequest], meridian_config: dict[str, Any]) -> None:
     """Every class the workload names must be defined by the config the replay runs with, and
     every class's thinking control must be one the replay can model (no logits, no signals)."""
-    from meridian._core import Config
-
     config = Config.from_json(json.dumps(meridian_config))
     for name in config.class_names:
         control = config.thinking_control(name)
@@ -166,15 +167,16 @@ def _run_one(
     tick: Callable[[int], None],
 ) -> PolicyRun:
     scaled = traces.scale_rate(requests, rate_scale)
-    engine = ReplayEngine(
+    config = Config.from_json(json.dumps(meridian_config))
+    result = replay_policy(
         policy_spec(policy),
-        scaled,
+        offline_requests(scaled, profile, config),
         profile,
         meridian_config=meridian_config,
         model_dir=model_dir_for(profile, cache_dir),
         progress=tick,
     )
-    return policy_run(engine.run(), rate_scale)
+    return policy_run(result, rate_scale)
 
 
 # Worker state, set in the parent before forking (so workers inherit it without pickling).
@@ -188,8 +190,6 @@ def _worker(job: tuple[str, float]) -> PolicyRun:
 
 def run_replay(options: ReplayOptions) -> ReplayReport:
     """Replays every policy at every rate scale; see the module docs."""
-    from meridian.testing.harness import offline_environment
-
     offline_environment(options.cache_dir)
     for name in options.policies:
         policy_spec(name)  # fail on a typo before any work
@@ -293,6 +293,57 @@ def render(report: ReplayReport) -> str:
     for scale in report.rate_scales:
         lines += ["", f"rate scale ×{scale:g}", table([r.summary for r in report.at(scale)])]
     return "\n".join(lines)
+
+
+def replay_command(
+    *,
+    traces_given: Sequence[Path] | None,
+    trace_format: str | None,
+    reasoning_source: str,
+    servegen_dir: Path | None,
+    classes: str | None,
+    rate_scales: Sequence[float] | None,
+    start_s: float,
+    duration_s: float | None,
+    limit: int | None,
+    profile: str,
+    policies: str,
+    config: str | None,
+    seed: int,
+    jobs: int,
+    progress: bool,
+    cache_dir: Path,
+    json_path: Path | None,
+    report_dir: Path | None,
+) -> int:
+    """``meridian replay``: runs the replay its flags describe, prints the table, writes outputs.
+    Without a trace: the bundled excerpt at the demo's window and load (the whole excerpt at its
+    real rate would overload a 32B-class GPU many times over and run for hours)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    bundled = not traces_given
+    options = ReplayOptions(
+        traces=tuple(traces_given) if traces_given else DEFAULT_TRACES,
+        trace_format=trace_format,
+        reasoning=reasoning_source,
+        servegen_dir=servegen_dir,
+        classes=classes,
+        rate_scales=rate_scales or (DEMO_OPTIONS.rate_scales if bundled else (1.0,)),
+        start_s=start_s,
+        duration_s=duration_s if duration_s is not None or not bundled else DEMO_OPTIONS.duration_s,
+        limit=limit,
+        profile=profile,
+        policies=[p.strip() for p in policies.split(",") if p.strip()],
+        meridian_config=load_config_arg(config),
+        seed=seed,
+        jobs=jobs,
+        progress=progress,
+        cache_dir=cache_dir,
+    )
+    report = run_replay(options)
+    print(render(report))
+    for path in write_outputs(report, json_path, report_dir):
+        print(f"wrote {path}")
+    return 0
 
 
 def load_config_arg(text: str | None) -> dict[str, Any]:

@@ -27,6 +27,8 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from meridian.vllm.names import BUS_DIR_ENV
+
 logger = logging.getLogger("meridian")
 
 #: Least seconds between two writes of the attainment file (it changes only when a request
@@ -44,7 +46,7 @@ _LOCAL_LOCK = threading.Lock()
 
 def bus_dir() -> Path:
     """Where sockets and attainment files live (``MERIDIAN_BUS_DIR``, else the temp directory)."""
-    return Path(os.environ.get("MERIDIAN_BUS_DIR") or tempfile.gettempdir())
+    return Path(os.environ.get(BUS_DIR_ENV) or tempfile.gettempdir())
 
 
 def _socket_path(engine_pid: int) -> Path:

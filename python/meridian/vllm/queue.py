@@ -13,7 +13,11 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from vllm.v1.core.sched.request_queue import RequestQueue
+from meridian.vllm._version import require_supported_vllm
+
+require_supported_vllm()
+
+from vllm.v1.core.sched.request_queue import RequestQueue  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request

@@ -20,16 +20,23 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.request_queue import SchedulingPolicy
-from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
-from vllm.v1.request import Request, RequestStatus
+from meridian.vllm._version import require_supported_vllm
 
-from meridian._core import FinishedRequest, Meridian
-from meridian.errors import MeridianError
-from meridian.vllm import convert, thinking
-from meridian.vllm.bus import SchedulerEndpoint
-from meridian.vllm.queue import MeridianWaitingQueue
+require_supported_vllm()
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
+from vllm.v1.core.sched.request_queue import SchedulingPolicy  # noqa: E402
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+
+from meridian._core import FinishedRequest, Meridian  # noqa: E402
+from meridian.errors import MeridianError  # noqa: E402
+from meridian.vllm import convert  # noqa: E402
+from meridian.vllm.bus import SchedulerEndpoint  # noqa: E402
+from meridian.vllm.config import processor_configured, read_settings  # noqa: E402
+from meridian.vllm.names import REQ_ID_ARG, RESOLVED_CLASS_ARG  # noqa: E402
+from meridian.vllm.probes import ProbeBook  # noqa: E402
+from meridian.vllm.queue import MeridianWaitingQueue  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -41,7 +48,7 @@ logger = logging.getLogger("meridian")
 HANDLE_ATTR = "meridian_handle"
 #: Attribute holding the core's step id on a ``SchedulerOutput``.
 STEP_ATTR = "meridian_step_id"
-#: Attribute holding (scheduled-at ms, batch shape) on a ``SchedulerOutput``.
+#: Attribute holding the batch shape on a ``SchedulerOutput``.
 SHAPE_ATTR = "meridian_step_shape"
 #: Finished-request reports kept for inspection (tests, the demo, operators' debugging).
 MAX_REPORTS = 10_000
@@ -58,8 +65,8 @@ class MeridianScheduler(AsyncScheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        config = convert.config_from_vllm(self.vllm_config)
-        markers = convert.reasoning_markers(self.vllm_config, config)
+        settings = read_settings(self.vllm_config)
+        config, markers = settings.config, settings.markers
         self.meridian_config = config
         self.meridian = Meridian(
             config,
@@ -79,20 +86,15 @@ class MeridianScheduler(AsyncScheduler):
         self._rejected: list[tuple[Request, str]] = []
         self._request_log = convert.open_log(config.request_log_path, "request_log_path")
         self._step_log = convert.open_log(config.step_log_path, "step_log_path")
-        self._last_output_ms: float | None = None
-        self._reasoning_end_ids = markers.end
-        #: Internal EAT probes in flight (their outputs never reach a client).
-        self._probe_ids: set[str] = set()
-        self._num_probes = 0
-        #: Probe prompt tokens served from the prefix cache (the rest is the probes' cost).
-        self.num_probe_cached_tokens = 0
+        #: Internal EAT probes (their outputs never reach a client).
+        self.probes = ProbeBook(markers.end)
         #: Requests whose reasoning a thinking-control rule ended: req_id → (rule, thinking tokens),
         #: until the request finishes and its log line carries them.
         self._thinking_stops: dict[str, tuple[str, int]] = {}
         #: Reasoning stops per rule since start.
         self.num_thinking_stops: Counter[str] = Counter()
         #: The channel to MeridianThinkingProcessor; none (and nothing polled per step) without it.
-        self._bus = SchedulerEndpoint() if thinking.processor_configured(self.vllm_config) else None
+        self._bus = SchedulerEndpoint() if processor_configured(self.vllm_config) else None
         self._install_queues()
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
@@ -105,13 +107,12 @@ class MeridianScheduler(AsyncScheduler):
             super().add_request(request)
             return
         try:
-            slo_class = convert.requested_class(request)
-            handle = self.meridian.add_request(
+            handle, slo_class = self.meridian.add_request(
                 request.request_id,
                 request.arrival_time * 1000.0,
                 convert.prompt_token_ids(request),
                 request.max_tokens,
-                slo_class,
+                convert.requested_class(request),
                 request.priority,
             )
         except (MeridianError, OverflowError, TypeError, ValueError) as exc:
@@ -119,7 +120,7 @@ class MeridianScheduler(AsyncScheduler):
             self._reject(request, str(exc))
             return
         setattr(request, HANDLE_ATTR, handle)
-        self._stamp_thinking_args(request, slo_class)
+        self._stamp_worker_args(request, slo_class)
         super().add_request(request)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
@@ -145,13 +146,10 @@ class MeridianScheduler(AsyncScheduler):
             self.waiting.close_gate()
             self.running.extend(held)
         setattr(output, STEP_ATTR, plan.step_id)
-        setattr(output, SHAPE_ATTR, (self.clock_ms(), convert.step_shape(output, self.requests)))
+        setattr(output, SHAPE_ATTR, convert.step_shape(output, self.requests))
         if output.preempted_req_ids:
             self._record_preemptions(output.preempted_req_ids)
-        if self._probe_ids:
-            self.num_probe_cached_tokens += sum(
-                new.num_computed_tokens for new in output.scheduled_new_reqs if new.req_id in self._probe_ids
-            )
+        self.probes.count_cached(output)
         return output
 
     def update_from_output(
@@ -160,16 +158,15 @@ class MeridianScheduler(AsyncScheduler):
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         now_ms = self.clock_ms()
         step_id = getattr(scheduler_output, STEP_ATTR, None)
-        shaped = getattr(scheduler_output, SHAPE_ATTR, None)
-        if step_id is not None and shaped is not None:
-            shape = shaped[1]
-            self.meridian.on_step_output(
+        shape = getattr(scheduler_output, SHAPE_ATTR, None)
+        if step_id is not None and shape is not None:
+            step_ms = self.meridian.on_step_output(
                 now_ms, step_id, shape["num_prefill_tokens"], shape["num_decode_requests"], shape["num_context_tokens"]
             )
+            self._log_step(shape, step_ms)
         self._record_tokens(now_ms, outputs.values())
-        self._log_step(now_ms, scheduler_output)
         self._emit_rejections(outputs)
-        self._drop_probe_outputs(outputs)
+        self.probes.drop_outputs(outputs, self.requests)
         if self._bus is not None:
             self._bus.publish_attainment(self.meridian.recent_ttfat_attainment())
         return outputs
@@ -231,14 +228,17 @@ class MeridianScheduler(AsyncScheduler):
             self.meridian.on_tokens_batch(now_ms, handles, counts, flat)
 
     def _finish_in_core(self, request: Request, handle: int) -> None:
-        now_ms = self.clock_ms()
         # The request's last tokens were appended inside super().update_from_output(), before
-        # _record_tokens runs: feed the core what it has not seen yet.
-        unseen = self._unseen_tokens(request, handle)
-        if unseen:
-            self.meridian.on_tokens_batch(now_ms, [handle], [len(unseen)], unseen)
-        report = self.meridian.finish(now_ms, handle, convert.finish_reason(request.status))
-        if request.request_id in self._probe_ids:
+        # _record_tokens runs: the core takes the ones it has not seen with the finish.
+        report = self.meridian.finish(
+            self.clock_ms(), handle, convert.finish_reason(request), list(request.output_token_ids)
+        )
+        if report.unknown_finish_reason is not None:
+            logger.warning(
+                "meridian: request %s finished with vLLM reason %r, which Meridian does not know; counted as "
+                "an error and not learned from", request.request_id, report.unknown_finish_reason,
+            )
+        if self.probes.is_probe(request.request_id):
             return
         self.finished_reports.append(report)
         self._take_thinking_stops()
@@ -248,17 +248,16 @@ class MeridianScheduler(AsyncScheduler):
         if report.never_reusable_from_token is not None:
             self._evict_never_reusable(request, report.never_reusable_from_token)
 
-    def _stamp_thinking_args(self, request: Request, slo_class: str | None) -> None:
+    def _stamp_worker_args(self, request: Request, slo_class: str) -> None:
         # The logits processor sees sampling params, not requests: it learns the request's id
-        # (to pair EAT probes with it) and its class (for the class's thinking control) here.
+        # (to pair EAT probes with it) and the class the core resolved (for the class's thinking
+        # control) here.
         params = request.sampling_params
         if params is None:
             return
         extra = params.extra_args if params.extra_args is not None else {}
-        extra[thinking.REQ_ID_ARG] = request.request_id
-        extra[thinking.RESOLVED_CLASS_ARG] = self.meridian.resolve_class(
-            request.request_id, slo_class, request.priority
-        )
+        extra[REQ_ID_ARG] = request.request_id
+        extra[RESOLVED_CLASS_ARG] = slo_class
         params.extra_args = extra
 
     def _take_thinking_stops(self) -> None:
@@ -279,35 +278,12 @@ class MeridianScheduler(AsyncScheduler):
             handle = getattr(parent, HANDLE_ATTR, None) if parent is not None else None
             if parent is None or handle is None or parent.is_finished():
                 continue  # the parent finished first: the probe would measure nothing
-            self._num_probes += 1
-            probe = convert.eat_probe(parent, num_output_tokens, self._reasoning_end_ids, self._num_probes)
+            probe = self.probes.build(parent, num_output_tokens)
             probe_handle = self.meridian.add_probe(
                 probe.request_id, probe.arrival_time * 1000.0, list(probe.prompt_token_ids or []), handle
             )
             setattr(probe, HANDLE_ATTR, probe_handle)
-            self._probe_ids.add(probe.request_id)
             super().add_request(probe)
-
-    def _drop_probe_outputs(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        if not self._probe_ids:
-            return
-        done: set[str] = set()
-        for batch in outputs.values():
-            kept = []
-            for out in batch.outputs:
-                if out.request_id in self._probe_ids:
-                    if out.finish_reason is not None:
-                        done.add(out.request_id)
-                else:
-                    kept.append(out)
-            batch.outputs = kept
-            if batch.finished_requests:
-                batch.finished_requests -= self._probe_ids
-        self._probe_ids -= {req_id for req_id in done if req_id not in self.requests}
-
-    def _unseen_tokens(self, request: Request, handle: int) -> list[int]:
-        num_seen = self.meridian.num_output_tokens(handle)
-        return list(request.output_token_ids[num_seen:])
 
     def _evict_never_reusable(self, request: Request, from_token: int) -> None:
         first_block = from_token // self.block_size
@@ -320,16 +296,11 @@ class MeridianScheduler(AsyncScheduler):
             self.kv_cache_manager.evict_blocks(block_ids)
             self.num_reasoning_blocks_evicted += len(block_ids)
 
-    def _log_step(self, now_ms: float, scheduler_output: SchedulerOutput) -> None:
-        shaped = getattr(scheduler_output, SHAPE_ATTR, None)
-        previous_ms, self._last_output_ms = self._last_output_ms, now_ms
-        if self._step_log is None or shaped is None or scheduler_output.total_num_scheduled_tokens == 0:
-            return
-        scheduled_at_ms, shape = shaped
-        # Under async scheduling the device runs step N while N+1 is scheduled: the step took
-        # from when it could start (scheduled, and the previous output back) until its output.
-        started_ms = scheduled_at_ms if previous_ms is None else max(scheduled_at_ms, previous_ms)
-        self._step_log.write(json.dumps({**shape, "step_ms": round(now_ms - started_ms, 4)}) + "\n")
+    def _log_step(self, shape: dict[str, int], step_ms: float | None) -> None:
+        # The core measured the step (from when it could start until its output); the log
+        # records what the core folded into its step-time model.
+        if self._step_log is not None and step_ms is not None:
+            self._step_log.write(json.dumps({**shape, "step_ms": round(step_ms, 4)}) + "\n")
 
     def shutdown(self) -> None:
         if self._bus is not None:

@@ -14,7 +14,9 @@ CPU, the ``logits_stats`` kernel on a side CUDA stream on GPU; (4) asks the
 scheduler for EAT probes through ``meridian.vllm.bus`` and feeds probe results back. Which
 model runner: the CPU build and ``VLLM_USE_V2_MODEL_RUNNER=0`` run this V1 interface; the V2
 runner (the GPU default in vLLM 0.32) has its own processor interface, not covered yet.
-Invariant: the processor decides nothing (the core does) and changes no logits of a request
+It needs ``MeridianScheduler``, which stamps each request's resolved SLO class into its
+``extra_args``; the processor reads that class and never guesses one. Invariant: the processor
+decides nothing (the core does) and changes no logits of a request
 that is not being forced; with no request under control it returns the logits untouched; a
 failure while handling one request drops that request's control (logged), never the request
 and never the engine.
@@ -28,14 +30,28 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+from meridian.vllm._version import require_supported_vllm
 
-from meridian._core import ThinkingControl, ThinkingStream
-from meridian.errors import MeridianError, RequestArgsError
-from meridian.kernels.meter import CpuMeter, CudaMeter, Signals
-from meridian.vllm import convert
-from meridian.vllm.bus import WorkerEndpoint
+require_supported_vllm()
+
+import torch  # noqa: E402
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality  # noqa: E402
+
+from meridian._core import ThinkingControl, ThinkingStream  # noqa: E402
+from meridian.errors import ConfigError, MeridianError, RequestArgsError  # noqa: E402
+from meridian.kernels.meter import CpuMeter, CudaMeter, Signals  # noqa: E402
+from meridian.vllm.bus import WorkerEndpoint  # noqa: E402
+from meridian.vllm.config import read_settings  # noqa: E402
+from meridian.vllm.names import (  # noqa: E402
+    LOGITS_PROCESSOR,
+    PROBE_FOR_ARG,
+    REQ_ID_ARG,
+    RESOLVED_CLASS_ARG,
+    SCHEDULER_CLS,
+    THINKING_ARG,
+    THINKING_BUDGET_ARG,
+)
+from meridian.vllm.scheduler import MeridianScheduler  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -43,16 +59,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("meridian")
 
-#: Per-request control: ``"off"`` or a JSON object with the keys of ``thinking_control``.
-THINKING_ARG = "meridian_thinking"
-#: Per-request hard thinking budget, in tokens.
-THINKING_BUDGET_ARG = "meridian_thinking_budget_tokens"
-#: Stamped by ``MeridianScheduler``: the request's id and resolved class (the processor sees
-#: neither otherwise).
-REQ_ID_ARG = "meridian_req_id"
-RESOLVED_CLASS_ARG = "meridian_resolved_class"
-#: Set on an internal EAT probe: the ``req_id`` it measures.
-PROBE_FOR_ARG = "meridian_probe_for"
 #: Streams of requests that left the batch, kept so a preempted request resumes where it was.
 MAX_PARKED_STREAMS = 4096
 
@@ -114,14 +120,13 @@ class MeridianThinkingProcessor(LogitsProcessor):
             raise ValueError(str(exc)) from exc
 
     def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
-        self._config = convert.config_from_vllm(vllm_config)
-        markers = convert.reasoning_markers(vllm_config, self._config)
-        reasoning = vllm_config.reasoning_config
-        forced_end = list(reasoning.reasoning_end_token_ids or []) if reasoning is not None else []
-        self._start_ids = markers.start
-        self._end_ids = markers.end
-        self._forced_end_ids = forced_end or markers.end
-        self._tokenizer = _tokenizer(vllm_config)
+        _require_meridian_scheduler(vllm_config)
+        settings = read_settings(vllm_config, resolve_tool_calls=False)
+        self._config = settings.config
+        self._start_ids = settings.markers.start
+        self._end_ids = settings.markers.end
+        self._forced_end_ids = settings.markers.forced_end
+        self._tokenizer = settings.tokenizer
         self._meter: CpuMeter | CudaMeter = CudaMeter(device) if device.type == "cuda" else CpuMeter()
         self._bus = WorkerEndpoint()
         #: Under tensor parallelism every rank runs this processor on the same logits and makes
@@ -183,10 +188,11 @@ class MeridianThinkingProcessor(LogitsProcessor):
     def _new_controlled(
         self, req_id: str | None, extra: dict[str, Any], prompt_ids: list[int], output_ids: list[int]
     ) -> _Controlled | None:
-        requested = extra.get(RESOLVED_CLASS_ARG) or extra.get(convert.CLASS_ARG)
-        slo_class = self._config.default_class
-        if isinstance(requested, str) and requested in self._config.class_names:
-            slo_class = requested
+        slo_class = extra.get(RESOLVED_CLASS_ARG)
+        if not isinstance(slo_class, str):
+            # MeridianScheduler stamps every request it admits; an unstamped one bypassed it.
+            logger.warning("meridian: request %s carries no resolved SLO class; thinking control off for it", req_id)
+            return None
         try:
             control = request_control(self._config.thinking_control(slo_class), extra)
         except MeridianError as exc:
@@ -349,14 +355,18 @@ class MeridianThinkingProcessor(LogitsProcessor):
         return text
 
 
-def processor_configured(vllm_config: VllmConfig) -> bool:
-    """Whether vLLM was told to load this processor (``--logits-processors``)."""
-    model_config = vllm_config.model_config
-    entries = (model_config.logits_processors or []) if model_config is not None else []
-    return any(
-        entry is MeridianThinkingProcessor or (isinstance(entry, str) and entry.endswith(":MeridianThinkingProcessor"))
-        for entry in entries
-    )
+def _require_meridian_scheduler(vllm_config: VllmConfig) -> None:
+    """The processor learns each request's class from ``MeridianScheduler``'s stamp; without that
+    scheduler it could only guess, so it refuses to start."""
+    try:
+        scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"{LOGITS_PROCESSOR} needs --scheduler-cls {SCHEDULER_CLS}: {exc}") from exc
+    if not (isinstance(scheduler_cls, type) and issubclass(scheduler_cls, MeridianScheduler)):
+        raise ConfigError(
+            f"{LOGITS_PROCESSOR} needs --scheduler-cls {SCHEDULER_CLS} (it stamps each request's SLO class); "
+            f"vLLM runs {getattr(scheduler_cls, '__qualname__', scheduler_cls)}"
+        )
 
 
 def _is_first_rank() -> bool:
@@ -367,12 +377,3 @@ def _is_first_rank() -> bool:
         return bool(get_tensor_model_parallel_rank() == 0)
     except (AssertionError, ImportError, RuntimeError, AttributeError):
         return True  # no parallel state: a single worker
-
-
-def _tokenizer(vllm_config: VllmConfig) -> Any:
-    model_config = vllm_config.model_config
-    if model_config is None or model_config.skip_tokenizer_init:
-        return None
-    from vllm.tokenizers import cached_tokenizer_from_config
-
-    return cached_tokenizer_from_config(model_config=model_config)

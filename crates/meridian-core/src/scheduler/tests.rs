@@ -40,6 +40,7 @@ fn add_class(
         priority: 0,
     })
     .unwrap()
+    .0
 }
 
 fn think(core: &mut Meridian, now_ms: f64, h: ReqHandle, n: usize) {
@@ -216,18 +217,18 @@ fn finished_reasoning_requests_report_never_reusable_blocks_unless_tool_call() {
         slo_class: None,
         priority: 0,
     };
-    let plain = core.add_request(new("plain")).unwrap();
-    let tool = core.add_request(new("tool")).unwrap();
+    let (plain, _) = core.add_request(new("plain")).unwrap();
+    let (tool, _) = core.add_request(new("tool")).unwrap();
     core.on_tokens(1.0, plain, &[WORD, END, WORD]).unwrap();
     core.on_tokens(1.0, tool, &[WORD, END, TOOL]).unwrap();
-    let done = core.finish(2.0, plain, FinishReason::Stopped).unwrap();
+    let done = core.finish(2.0, plain, "stop", &[]).unwrap();
     assert_eq!(done.never_reusable_from_token, Some(2));
-    assert_eq!(core.finish(2.0, tool, FinishReason::Stopped).unwrap().never_reusable_from_token, None);
+    assert_eq!(core.finish(2.0, tool, "stop", &[]).unwrap().never_reusable_from_token, None);
 
     let mut always = engine_with(Config::from_json(r#"{"evict_reasoning_blocks": "always"}"#).unwrap());
-    let tool = always.add_request(new("tool")).unwrap();
+    let (tool, _) = always.add_request(new("tool")).unwrap();
     always.on_tokens(1.0, tool, &[WORD, END, TOOL]).unwrap();
-    assert_eq!(always.finish(2.0, tool, FinishReason::Stopped).unwrap().never_reusable_from_token, Some(2));
+    assert_eq!(always.finish(2.0, tool, "stop", &[]).unwrap().never_reusable_from_token, Some(2));
 }
 
 #[test]
@@ -258,7 +259,7 @@ fn bad_input_gets_named_errors() {
     assert!(err.to_string().contains("gold") && err.to_string().contains("interactive"), "{err}");
     assert!(core.plan_step(f64::NAN, &[a], &[], 1).is_err());
     assert!(core.plan_step(1.0, &[a], &[a], 1).unwrap_err().to_string().contains("twice"));
-    core.finish(1.0, a, FinishReason::Aborted).unwrap();
+    core.finish(1.0, a, "abort", &[]).unwrap();
     assert_eq!(core.plan_step(1.0, &[a], &[], 1).unwrap_err(), Error::UnknownRequest { handle: a.0 });
     // The slot is reused, but the stale handle stays invalid.
     let b = add(&mut core, "b", 0.0, 4);
@@ -296,7 +297,7 @@ fn ledger_and_class_counters_follow_the_request() {
     core.on_tokens(110.0, a, &[END]).unwrap();
     core.on_tokens(120.0, a, &[WORD]).unwrap();
     core.on_tokens(130.0, a, &[WORD]).unwrap();
-    let done = core.finish(130.0, a, FinishReason::Stopped).unwrap();
+    let done = core.finish(130.0, a, "stop", &[]).unwrap();
     assert_eq!(done.metrics.ttft_ms, Some(100.0));
     assert_eq!(done.metrics.ttfat_ms, Some(120.0));
     assert_eq!(done.metrics.answer_tpot_ms, Some(10.0));
@@ -312,18 +313,18 @@ fn recent_ttfat_attainment_follows_completions_and_ignores_aborts() {
     let interactive = core.config().class_by_name("interactive").unwrap().index();
     assert_eq!(core.recent_ttfat_attainment()[interactive], None);
     let ttfat_ms = core.config().classes[interactive].targets.ttfat_ms;
-    let run = |core: &mut Meridian, id: &str, answer_at_ms: f64, reason| {
+    let run = |core: &mut Meridian, id: &str, answer_at_ms: f64, reason: &str| {
         let h = add_class(core, id, 0.0, 8, Some("interactive"));
         core.on_tokens(1.0, h, &[WORD, END]).unwrap();
         core.on_tokens(answer_at_ms, h, &[WORD]).unwrap();
-        core.finish(answer_at_ms, h, reason).unwrap();
+        core.finish(answer_at_ms, h, reason, &[]).unwrap();
     };
-    run(&mut core, "met", 1.0, FinishReason::Stopped);
+    run(&mut core, "met", 1.0, "stop");
     assert_eq!(core.recent_ttfat_attainment()[interactive], Some(1.0), "the first completion starts it");
-    run(&mut core, "missed", ttfat_ms * 2.0, FinishReason::Stopped);
+    run(&mut core, "missed", ttfat_ms * 2.0, "stop");
     let after_miss = core.recent_ttfat_attainment()[interactive].unwrap();
     assert!((after_miss - (1.0 - 1.0 / RECENT_ATTAINMENT_REQUESTS)).abs() < 1e-12, "{after_miss}");
-    run(&mut core, "aborted", ttfat_ms * 2.0, FinishReason::Aborted);
+    run(&mut core, "aborted", ttfat_ms * 2.0, "abort");
     assert_eq!(core.recent_ttfat_attainment()[interactive], Some(after_miss), "aborts do not count");
 }
 
@@ -336,7 +337,7 @@ fn probes_run_in_the_parents_class_and_stay_out_of_the_books() {
     let probe = core.add_probe("p-probe-1", 2.0, &[5, 6, THINK, WORD, WORD, END], parent).unwrap();
     core.on_tokens(3.0, probe, &[WORD]).unwrap();
     assert_eq!(core.phase(probe).unwrap(), Phase::Answer, "the appended marker closed the reasoning");
-    let done = core.finish(3.0, probe, FinishReason::Length).unwrap();
+    let done = core.finish(3.0, probe, "length", &[]).unwrap();
     assert_eq!(done.never_reusable_from_token, None, "the parent's reasoning blocks stay cached");
     let interactive = core.config().class_by_name("interactive").unwrap();
     assert_eq!(done.class, interactive);
@@ -353,13 +354,35 @@ fn probes_run_in_the_parents_class_and_stay_out_of_the_books() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Add { prompt_len: usize, class: u8, open_think: bool },
-    Tokens { pick: usize, tokens: Vec<u32> },
-    Admit { pick: usize },
-    Plan { free_blocks: u32 },
-    Preempt { pick: usize },
-    Finish { pick: usize, reason: u8 },
-    Output { tokens: u32 },
+    Add {
+        prompt_len: usize,
+        class: u8,
+        open_think: bool,
+    },
+    Tokens {
+        pick: usize,
+        tokens: Vec<u32>,
+    },
+    Admit {
+        pick: usize,
+    },
+    Plan {
+        free_blocks: u32,
+    },
+    Preempt {
+        pick: usize,
+    },
+    /// `reason` indexes [`WIRE_REASONS`]; the output list passed is the tokens seen so far
+    /// (`shorter`: only half of them) plus `unseen`.
+    Finish {
+        pick: usize,
+        reason: u8,
+        unseen: Vec<u32>,
+        shorter: bool,
+    },
+    Output {
+        tokens: u32,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -374,10 +397,19 @@ fn op() -> impl Strategy<Value = Op> {
         any::<usize>().prop_map(|pick| Op::Admit { pick }),
         (0u32..500).prop_map(|free_blocks| Op::Plan { free_blocks }),
         any::<usize>().prop_map(|pick| Op::Preempt { pick }),
-        (any::<usize>(), 0u8..4).prop_map(|(pick, reason)| Op::Finish { pick, reason }),
+        (
+            any::<usize>(),
+            0u8..WIRE_REASONS.len() as u8,
+            prop::collection::vec(prop_oneof![Just(END), 4u32..50], 0..4),
+            any::<bool>()
+        )
+            .prop_map(|(pick, reason, unseen, shorter)| Op::Finish { pick, reason, unseen, shorter }),
         (0u32..3000).prop_map(|tokens| Op::Output { tokens }),
     ]
 }
+
+/// vLLM's five finish reasons and two it does not have.
+const WIRE_REASONS: [&str; 7] = ["stop", "length", "abort", "error", "repetition", "hallucination", "STOP"];
 
 fn is_permutation(order: &[u32], n: usize) -> bool {
     let mut seen = vec![false; n];
@@ -406,10 +438,14 @@ proptest! {
                     let class = ["interactive", "standard", "batch"].get(class as usize).copied();
                     let id = format!("r{next_id}");
                     next_id += 1;
-                    let h = core.add_request(NewRequest {
+                    let (h, resolved) = core.add_request(NewRequest {
                         req_id: &id, arrival_ms: now, prompt_token_ids: &prompt, max_tokens: 512,
                         slo_class: class, priority: 0,
                     }).unwrap();
+                    let expected = class.map_or(core.config().class_for_priority(0), |name| {
+                        core.config().class_by_name(name).unwrap()
+                    });
+                    prop_assert_eq!(resolved, expected);
                     waiting.push(h);
                     phases.insert(h, Phase::Prefill);
                 }
@@ -444,12 +480,36 @@ proptest! {
                     core.on_preempted(now, h).unwrap();
                     waiting.insert(0, h);
                 }
-                Op::Finish { pick, reason } if !running.is_empty() || !waiting.is_empty() => {
+                Op::Finish { pick, reason, unseen, shorter } if !running.is_empty() || !waiting.is_empty() => {
                     let total = running.len() + waiting.len();
                     let i = pick % total;
                     let h = if i < running.len() { running.remove(i) } else { waiting.remove(i - running.len()) };
-                    let reason = [FinishReason::Stopped, FinishReason::Length, FinishReason::Aborted, FinishReason::Error][reason as usize];
-                    let done = core.finish(now, h, reason).unwrap();
+                    let wire = WIRE_REASONS[reason as usize];
+                    let num_seen = core.num_output_tokens(h).unwrap() as usize;
+                    let mut output = vec![WORD; num_seen];
+                    if shorter { output.truncate(num_seen / 2) } else { output.extend(&unseen) }
+                    let before = core.stats();
+                    let done = core.finish(now, h, wire, &output).unwrap();
+                    let after = core.stats();
+                    let expected_total = if shorter { num_seen } else { num_seen + unseen.len() };
+                    prop_assert_eq!(
+                        (done.ledger.num_think_tokens + done.ledger.num_answer_tokens) as usize,
+                        expected_total,
+                        "the unseen tail is fed, a shorter list feeds nothing"
+                    );
+                    prop_assert_eq!(after.num_finished, before.num_finished + 1);
+                    match FinishReason::from_vllm(wire) {
+                        Some(known) => {
+                            prop_assert_eq!(done.reason, known);
+                            prop_assert_eq!(done.unknown_finish_reason, None);
+                            prop_assert_eq!(after.num_unknown_finish_reasons, before.num_unknown_finish_reasons);
+                        }
+                        None => {
+                            prop_assert_eq!(done.reason, FinishReason::Error);
+                            prop_assert_eq!(done.unknown_finish_reason.as_deref(), Some(wire));
+                            prop_assert_eq!(after.num_unknown_finish_reasons, before.num_unknown_finish_reasons + 1);
+                        }
+                    }
                     let m = done.metrics;
                     for v in [m.ttft_ms, m.ttfat_ms, m.answer_tpot_ms, m.think_tpot_ms, m.e2e_ms].into_iter().flatten() {
                         prop_assert!(v.is_finite() && v >= 0.0);
@@ -529,7 +589,7 @@ fn answer_first_ablation_orders_by_phase_then_arrival_and_leaves_the_rest_to_vll
     assert_eq!(plan.token_budget, limits().max_num_batched_tokens);
     assert_eq!(plan.num_admissible, 1, "no reserve: vLLM's own KV check decides");
     assert!(plan.held.is_empty());
-    let done = core.finish(30.0, c, FinishReason::Stopped).unwrap();
+    let done = core.finish(30.0, c, "stop", &[]).unwrap();
     assert_eq!(done.never_reusable_from_token, None, "no eviction tiers in the ablation");
 }
 
@@ -565,4 +625,176 @@ fn pascal_preempting_an_answer_is_its_policy_not_an_alarm() {
     let preemption = core.on_preempted(2.0, a).unwrap();
     assert_eq!(preemption.phase, Phase::Answer);
     assert!(!preemption.alarm);
+}
+
+// ---- one crossing per event: class, finish reason, unseen tokens, step duration --------------
+
+fn new_request<'a>(req_id: &'a str, slo_class: Option<&'a str>, priority: i64) -> NewRequest<'a> {
+    NewRequest {
+        req_id,
+        arrival_ms: 0.0,
+        prompt_token_ids: &[WORD, THINK],
+        max_tokens: 64,
+        slo_class,
+        priority,
+    }
+}
+
+#[test]
+fn add_request_returns_the_class_it_resolved() {
+    let mut core = engine();
+    let id = |name| core.config().class_by_name(name).unwrap();
+    let (interactive, standard, batch) = (id("interactive"), id("standard"), id("batch"));
+    let (_, by_name) = core.add_request(new_request("named", Some("batch"), -5)).unwrap();
+    assert_eq!(by_name, batch, "a named class wins over the priority");
+    let (_, high) = core.add_request(new_request("high", None, -1)).unwrap();
+    assert_eq!(high, interactive);
+    let (_, low) = core.add_request(new_request("low", None, 9)).unwrap();
+    assert_eq!(low, batch);
+    let (h, default) = core.add_request(new_request("default", None, 0)).unwrap();
+    assert_eq!(default, standard);
+    assert_eq!(core.finish(1.0, h, "stop", &[]).unwrap().class, standard, "the class it keeps");
+    // A class that is not configured: nothing is tracked.
+    let err = core.add_request(new_request("gold", Some("gold"), 0)).unwrap_err();
+    assert!(matches!(&err, Error::UnknownSloClass { name, .. } if name == "gold"), "{err}");
+    assert_eq!((core.num_requests(), core.stats().num_added), (3, 4));
+    assert_eq!(core.handle_of("gold"), None);
+}
+
+#[test]
+fn an_unknown_finish_reason_releases_the_request_as_an_error_and_learns_nothing() {
+    let mut core = engine();
+    let (h, class) = core.add_request(new_request("a", None, 0)).unwrap();
+    core.on_tokens(1.0, h, &[WORD, WORD, END, WORD, WORD]).unwrap();
+    let (think_len, answer_len) = (core.think_len.clone(), core.answer_len.clone());
+    let done = core.finish(2.0, h, "hallucination", &[]).unwrap();
+    assert_eq!(done.reason, FinishReason::Error);
+    assert_eq!(done.unknown_finish_reason.as_deref(), Some("hallucination"));
+    assert_eq!((core.num_requests(), core.handle_of("a")), (0, None), "released");
+    assert!(core.phase(h).is_err());
+    let stats = core.stats();
+    assert_eq!((stats.num_finished, stats.num_unknown_finish_reasons), (1, 1));
+    assert_eq!(core.class_counters()[class.index()].num_aborted, 1, "counted as an error");
+    assert_eq!(core.think_len, think_len, "the thinking predictor learnt nothing");
+    assert_eq!(core.answer_len, answer_len, "the answer predictor learnt nothing");
+    assert_eq!(done.never_reusable_from_token, Some(1), "its reasoning blocks go as an error's do");
+
+    // The same request finished with vLLM's "error" teaches the thinking predictor (the thinking
+    // did end) but not the answer one; "stop" teaches both.
+    for (wire, learns_answer) in [("error", false), ("stop", true)] {
+        let (h, _) = core.add_request(new_request(wire, None, 0)).unwrap();
+        core.on_tokens(1.0, h, &[WORD, WORD, END, WORD, WORD]).unwrap();
+        let (think_len, answer_len) = (core.think_len.clone(), core.answer_len.clone());
+        let done = core.finish(2.0, h, wire, &[]).unwrap();
+        assert_eq!(done.unknown_finish_reason, None);
+        assert_ne!(core.think_len, think_len, "{wire}");
+        assert_eq!(core.answer_len != answer_len, learns_answer, "{wire}");
+    }
+    assert_eq!(core.stats().num_unknown_finish_reasons, 1);
+}
+
+#[test]
+fn finish_reasons_are_vllms_names_exactly() {
+    let mut core = engine();
+    for (wire, reason) in [
+        ("stop", FinishReason::Stopped),
+        ("length", FinishReason::Length),
+        ("abort", FinishReason::Aborted),
+        ("error", FinishReason::Error),
+    ] {
+        let (h, _) = core.add_request(new_request(wire, None, 0)).unwrap();
+        let done = core.finish(1.0, h, wire, &[]).unwrap();
+        assert_eq!((done.reason, done.unknown_finish_reason), (reason, None), "{wire}");
+    }
+    for other in ["stopped", "Stop", "FinishReason.STOP", ""] {
+        let (h, _) = core.add_request(new_request(other, None, 0)).unwrap();
+        let done = core.finish(1.0, h, other, &[]).unwrap();
+        assert_eq!(done.reason, FinishReason::Error);
+        assert_eq!(done.unknown_finish_reason.as_deref(), Some(other));
+    }
+    assert_eq!(core.stats().num_unknown_finish_reasons, 4);
+}
+
+#[test]
+fn finish_feeds_the_output_tokens_the_core_has_not_seen() {
+    let mut core = engine();
+    let (h, _) = core.add_request(new_request("a", None, 0)).unwrap();
+    core.on_tokens(10.0, h, &[WORD, WORD]).unwrap();
+    assert_eq!(core.phase(h).unwrap(), Phase::Think);
+    // The full list as vLLM holds it: the two seen, then the end marker and an answer token.
+    let done = core.finish(20.0, h, "stop", &[WORD, WORD, END, WORD]).unwrap();
+    assert_eq!((done.ledger.num_think_tokens, done.ledger.num_answer_tokens), (3, 1));
+    assert_eq!(done.ledger.reasoning_end_ms, Some(20.0), "fed at now_ms");
+    assert_eq!(done.metrics.ttfat_ms, Some(20.0));
+
+    // A list no longer than what was seen feeds nothing (and is no error).
+    for output in [&[][..], &[WORD][..], &[WORD, END][..]] {
+        let (h, _) = core.add_request(new_request("b", None, 0)).unwrap();
+        core.on_tokens(10.0, h, &[WORD, WORD]).unwrap();
+        let done = core.finish(20.0, h, "stop", output).unwrap();
+        assert_eq!((done.ledger.num_think_tokens, done.ledger.num_answer_tokens), (2, 0), "{output:?}");
+    }
+
+    // Bad input fails before anything changes: the request stays live with what it had.
+    let (h, _) = core.add_request(new_request("c", None, 0)).unwrap();
+    let err = core.finish(f64::NAN, h, "stop", &[WORD, END]).unwrap_err();
+    assert!(err.to_string().contains("now_ms"), "{err}");
+    assert_eq!(core.num_output_tokens(h).unwrap(), 0);
+    let stale = ReqHandle(h.0 + (1 << 32));
+    assert_eq!(
+        core.finish(1.0, stale, "stop", &[WORD]).unwrap_err(),
+        Error::UnknownRequest { handle: stale.0 }
+    );
+    assert_eq!(core.handle_of("c"), Some(h));
+}
+
+#[test]
+fn on_step_output_returns_the_duration_it_measured() {
+    let mut core = engine();
+    let a = add(&mut core, "a", 0.0, 16);
+    let decode = StepShape { num_decode_requests: 1, ..StepShape::default() };
+    // First step: started when it was scheduled.
+    let p0 = core.plan_step(10.0, &[a], &[], 100).unwrap();
+    assert_eq!(core.on_step_output(25.0, p0.step_id, decode).unwrap(), Some(15.0));
+    // Scheduled before the previous output arrived (async scheduling): started at that output.
+    let p1 = core.plan_step(20.0, &[a], &[], 100).unwrap();
+    let p2 = core.plan_step(30.0, &[a], &[], 100).unwrap();
+    assert_eq!(core.on_step_output(32.0, p1.step_id, decode).unwrap(), Some(7.0), "from the output at 25");
+    assert_eq!(core.on_step_output(40.0, p2.step_id, decode).unwrap(), Some(8.0), "from the output at 32");
+    assert_eq!(core.stats().num_step_samples, 3);
+    // A step that executed nothing, an unknown step, a step already met and a negative duration
+    // are not measured.
+    let p3 = core.plan_step(50.0, &[a], &[], 100).unwrap();
+    assert_eq!(core.on_step_output(60.0, p3.step_id, StepShape::default()).unwrap(), None);
+    assert_eq!(core.on_step_output(61.0, 999, decode).unwrap(), None);
+    assert_eq!(core.on_step_output(62.0, p2.step_id, decode).unwrap(), None);
+    let p4 = core.plan_step(70.0, &[a], &[], 100).unwrap();
+    assert_eq!(core.on_step_output(65.0, p4.step_id, decode).unwrap(), None, "output before its start");
+    assert_eq!(core.stats().num_step_samples, 3);
+    assert!(core.on_step_output(f64::INFINITY, p4.step_id, decode).is_err());
+}
+
+proptest! {
+    #[test]
+    fn on_step_output_returns_some_exactly_when_it_samples(
+        steps in prop::collection::vec((0.0f64..20.0, -5.0f64..20.0, any::<bool>(), 0u64..3), 1..40),
+    ) {
+        let mut core = engine();
+        let a = add(&mut core, "a", 0.0, 16);
+        let mut now = 0.0f64;
+        for (gap, run, executed, skew) in steps {
+            now += gap;
+            let plan = core.plan_step(now, &[a], &[], 100).unwrap();
+            let shape = StepShape { num_decode_requests: u32::from(executed), ..StepShape::default() };
+            let out_ms = (now + run).max(0.0);
+            let before = core.stats().num_step_samples;
+            let measured = core.on_step_output(out_ms, plan.step_id + skew, shape).unwrap();
+            let sampled = core.stats().num_step_samples - before;
+            prop_assert_eq!(sampled, u64::from(measured.is_some()));
+            if let Some(ms) = measured {
+                // A step cannot start before it was scheduled.
+                prop_assert!(ms.is_finite() && ms >= 0.0 && ms <= out_ms - now, "{}", ms);
+            }
+        }
+    }
 }

@@ -1,0 +1,496 @@
+"""The one engine loop that stands in for vLLM's ``EngineCore``: any vLLM scheduler class, driven
+offline with scripted model outputs on a virtual clock.
+
+``build_scheduler`` builds a scheduler class (stock ``AsyncScheduler``/``Scheduler`` or
+``MeridianScheduler``) from vLLM's own config classes, with a local model folder and no model hub
+(the recipe of vLLM's ``tests/v1/core/utils.py``). ``OfflineEngine`` then runs it through
+``EngineCore.step_with_batch_queue``'s call sequence — with a batch queue of two under async
+scheduling (step N+1 is scheduled before step N's output is applied), of one otherwise (vLLM's
+synchronous ``step``) — with a "model" that emits each request's scripted token by output
+position, the way greedy decoding would. Time is virtual: each executed step occupies the device
+for ``step_time_ms(shape)``, starting when it was scheduled or when the previous step finished,
+and its output is applied when it finishes. The replay, the scripted demo and the tests all run
+on this loop; ``tests/offline/test_engine_vs_engine_core.py`` compares it with a real
+``EngineCore``.
+
+Metrics come from one Meridian core used as a pure observer (no plans), fed the same token
+streams whatever the scheduler, so stock and Meridian runs are measured by one definition
+(DESIGN §4). Invariant: the engine only calls the public scheduler interface, in vLLM's order; it
+never looks at a policy's decisions except through what vLLM itself would see (outputs,
+preemptions).
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from meridian._core import Config, FinishedRequest, Meridian
+from meridian.offline.tiny import EOS, TOOL_CALL
+
+#: vLLM's batch queue depth under async scheduling with one GPU (``max_concurrent_batches``).
+BATCH_QUEUE_SIZE = 2
+#: Virtual time that passes when the scheduler holds requests but schedules nothing and nothing
+#: is in flight (e.g. every running answer is paced): the engine polls again after this.
+IDLE_TICK_MS = 1.0
+#: The observer core takes priorities in this range (it only measures; vLLM takes any int).
+_PRIORITY_LIMIT = 2**62
+
+
+def offline_environment(cache_dir: str | Path) -> None:
+    """Points vLLM's caches into ``cache_dir`` and keeps it off the network and off Triton."""
+    cache = Path(cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(cache / "vllm"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# ---- building a scheduler the way EngineCore does --------------------------------------------
+
+
+@dataclass
+class EngineSpec:
+    """The vLLM engine settings an offline run uses."""
+
+    model_dir: Path
+    num_blocks: int = 49
+    block_size: int = 16
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 256
+    max_model_len: int = 2048
+    reasoning_parser: str | None = "deepseek_r1"
+    async_scheduling: bool = True
+    enable_prefix_caching: bool = True
+    policy: str = "fcfs"
+    additional_config: dict[str, Any] = field(default_factory=dict)
+
+
+def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) -> Any:
+    """The ``VllmConfig`` an engine with ``spec`` runs under (``scheduler_cls`` recorded in it
+    for ``EngineCore``, which builds its scheduler from the config)."""
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ReasoningConfig, SchedulerConfig, VllmConfig
+
+    model_config = ModelConfig(
+        model=str(spec.model_dir), max_model_len=spec.max_model_len, dtype="float32", seed=0
+    )
+    extra = {"scheduler_cls": scheduler_cls} if scheduler_cls is not None else {}
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=spec.max_num_seqs,
+        max_num_batched_tokens=spec.max_num_batched_tokens,
+        max_model_len=spec.max_model_len,
+        is_encoder_decoder=False,
+        enable_chunked_prefill=True,
+        async_scheduling=spec.async_scheduling,
+        policy=spec.policy,
+        **extra,
+    )
+    cache_config = CacheConfig(block_size=spec.block_size, enable_prefix_caching=spec.enable_prefix_caching)
+    reasoning_config = ReasoningConfig(reasoning_parser=spec.reasoning_parser) if spec.reasoning_parser else None
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        scheduler_config=scheduler_config,
+        cache_config=cache_config,
+        reasoning_config=reasoning_config,
+        device_config=DeviceConfig(device="cpu"),
+        additional_config=spec.additional_config,
+    )
+    # vLLM's CPU platform turns async scheduling off ("not required on CPU"); the engine here
+    # stands in for a GPU engine, whose batch queue of two is what it models.
+    vllm_config.scheduler_config.async_scheduling = spec.async_scheduling
+    return vllm_config
+
+
+def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
+    """Builds ``scheduler_cls`` the way ``EngineCore`` does, with ``spec.num_blocks`` KV blocks."""
+    import torch
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vllm_config = vllm_config_for(spec)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=spec.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"],
+                FullAttentionSpec(block_size=spec.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32),
+            )
+        ],
+    )
+    vllm_config.cache_config.num_gpu_blocks = spec.num_blocks
+    register_all_kvcache_specs(vllm_config)
+    return scheduler_cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=spec.block_size,
+        log_stats=True,
+    )
+
+
+# ---- the scripted model -----------------------------------------------------------------------
+
+
+def runner_output(sampled: dict[str, list[int]]) -> Any:
+    """The ``ModelRunnerOutput`` a model runner returns for ``sampled`` (tokens per request)."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(sampled)
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
+        sampled_token_ids=[sampled[req_id] for req_id in req_ids],
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
+
+
+def sampled_tokens(output: Any, requests: dict[str, Any], token_at: Callable[[str, int], int]) -> dict[str, list[int]]:
+    """What greedy decoding samples for a scheduled step, read right after ``schedule()``: one
+    token per request whose prompt is complete — ``token_at(req_id, output position)`` — and
+    nothing for a prompt chunk."""
+    sampled: dict[str, list[int]] = {}
+    for req_id in output.num_scheduled_tokens:
+        request = requests[req_id]
+        if request.is_prefill_chunk:
+            sampled[req_id] = []
+            continue
+        sampled[req_id] = [token_at(req_id, request.num_computed_tokens - request.num_prompt_tokens)]
+    return sampled
+
+
+class OutputScript(Protocol):
+    """What the "model" generates for one request, token by output position."""
+
+    def token_at(self, position: int, recent_ttfat_attainment: Mapping[str, float]) -> int:
+        """The token at output ``position`` (asked in order; a repeated position gets the same).
+        ``recent_ttfat_attainment`` is the observer's per-class value (for load-aware rules)."""
+        ...
+
+    @property
+    def thinking_stopped_by(self) -> str | None:
+        """The thinking-control rule that ended the reasoning, if one did."""
+        ...
+
+
+@dataclass(frozen=True)
+class FixedScript:
+    """Exactly these tokens, then EOS."""
+
+    tokens: Sequence[int]
+
+    def token_at(self, position: int, recent_ttfat_attainment: Mapping[str, float]) -> int:
+        return self.tokens[position] if position < len(self.tokens) else EOS
+
+    @property
+    def thinking_stopped_by(self) -> str | None:
+        return None
+
+
+@dataclass(frozen=True)
+class OfflineRequest:
+    """A request as the frontend hands it to the engine, with what the model will answer."""
+
+    req_id: str
+    arrival_ms: float
+    prompt_token_ids: list[int]
+    #: vLLM's ``max_tokens``; below 1 the request is rejected, as vLLM's frontend does.
+    max_tokens: int
+    script: OutputScript
+    #: The ``meridian_class`` it asks for (``None``: none).
+    slo_class: str | None = None
+    priority: int = 0
+
+
+def scripted_request(
+    req_id: str,
+    arrival_ms: float,
+    prompt_token_ids: list[int],
+    output_token_ids: Sequence[int],
+    *,
+    slo_class: str | None = None,
+    priority: int = 0,
+) -> OfflineRequest:
+    """A request whose model output is exactly ``output_token_ids`` (ending in EOS), with room
+    to spare in ``max_tokens`` so the script, not the cap, ends it."""
+    return OfflineRequest(
+        req_id, arrival_ms, list(prompt_token_ids), len(output_token_ids) + 8, FixedScript(tuple(output_token_ids)),
+        slo_class=slo_class, priority=priority,
+    )
+
+
+# ---- what a run records ------------------------------------------------------------------------
+
+
+@dataclass
+class Timeline:
+    """What one request went through."""
+
+    req_id: str
+    #: The class the observer resolved (the default class when the request names one it lacks).
+    slo_class: str
+    arrival_ms: float
+    token_times_ms: array[float] = field(default_factory=lambda: array("d"))
+    #: Output tokens (kept only when the engine is told to).
+    output_token_ids: list[int] = field(default_factory=list)
+    #: vLLM's finish reason (``stop``, ``length``, ``abort``, ``error``) or ``rejected``.
+    finish_reason: str | None = None
+    report: FinishedRequest | None = None
+    thinking_stopped_by: str | None = None
+
+
+@dataclass
+class EngineRun:
+    """Everything one offline run observed."""
+
+    timelines: dict[str, Timeline]
+    num_steps: int
+    clock_ms: float
+    device_busy_ms: float
+    num_rejected: int
+    num_answer_preemption_alarms: int
+    scheduled_tokens_per_step: list[int]
+    token_budget_per_step: list[int]
+    max_num_free_blocks: int
+    final_num_free_blocks: int
+
+    @property
+    def reports(self) -> list[FinishedRequest]:
+        return [t.report for t in self.timelines.values() if t.report is not None]
+
+
+def one_ms_per_step(_shape: Mapping[str, int]) -> float:
+    """The scripted demo's clock: every executed step takes 1 ms, so latencies read in steps."""
+    return 1.0
+
+
+# ---- the engine loop ---------------------------------------------------------------------------
+
+
+class OfflineEngine:
+    """Runs a scheduler like ``EngineCore`` does; see the module docs."""
+
+    def __init__(
+        self,
+        scheduler: Any,
+        requests: Sequence[OfflineRequest],
+        *,
+        observer_config: Config | None = None,
+        step_time_ms: Callable[[Mapping[str, int]], float] = one_ms_per_step,
+        batch_queue_size: int | None = None,
+        keep_output_tokens: bool = True,
+        max_steps: int = 10_000_000,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        from meridian.vllm.convert import step_shape
+
+        self.scheduler = scheduler
+        self.requests = sorted(requests, key=lambda r: r.arrival_ms)
+        self.step_time_ms = step_time_ms
+        async_mode = bool(scheduler.scheduler_config.async_scheduling)
+        self.batch_queue_size = batch_queue_size or (BATCH_QUEUE_SIZE if async_mode else 1)
+        self.keep_output_tokens = keep_output_tokens
+        self.max_steps = max_steps
+        self.progress = progress or (lambda _n: None)
+        self._step_shape = step_shape
+        self.now_ms = 0.0
+        if hasattr(scheduler, "clock_ms"):
+            scheduler.clock_ms = lambda: self.now_ms
+        self.observer_config = observer_config or Config.from_json("{}")
+        self._observer_classes = set(self.observer_config.class_names)
+        self.observer = _observer(scheduler, self.observer_config)
+        self.device_free_ms = 0.0
+        self.device_busy_ms = 0.0
+        self.batch_queue: deque[tuple[Any, dict[str, list[int]], float]] = deque()
+        self._timelines: dict[str, Timeline] = {}
+        self._live: dict[str, tuple[OfflineRequest, Timeline, int]] = {}
+        self._num_rejected = 0
+        self._alarms = 0
+        self._num_steps = 0
+        self._scheduled: list[int] = []
+        self._budgets: list[int] = []
+        #: Passes of the busy loop so far (one ``step_with_batch_queue`` call each, plus idle
+        #: jumps); arrivals are added at the top of a pass, as ``EngineCore`` does between steps.
+        self.num_loop_passes = 0
+
+    def run(self) -> EngineRun:
+        """Runs until every admitted request has finished."""
+        pending = deque(self.requests)
+        max_free = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        while pending or self.scheduler.has_requests() or self.batch_queue:
+            self.num_loop_passes += 1
+            while pending and pending[0].arrival_ms <= self.now_ms:
+                self._add(pending.popleft())
+            if not self.scheduler.has_requests() and not self.batch_queue:
+                if pending:
+                    self.now_ms = max(self.now_ms, pending[0].arrival_ms)
+                continue
+            self._step()
+        return EngineRun(
+            timelines=self._timelines,
+            num_steps=self._num_steps,
+            clock_ms=self.now_ms,
+            device_busy_ms=self.device_busy_ms,
+            num_rejected=self._num_rejected,
+            num_answer_preemption_alarms=self._alarms,
+            scheduled_tokens_per_step=self._scheduled,
+            token_budget_per_step=self._budgets,
+            max_num_free_blocks=max_free,
+            final_num_free_blocks=self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
+        )
+
+    def _step(self) -> None:
+        """``EngineCore.step_with_batch_queue``: schedule ahead while the device is busy; apply the
+        oldest batch once the queue is full or nothing more can be scheduled."""
+        if self.scheduler.has_requests():
+            output = self._schedule()
+            executed = output.total_num_scheduled_tokens > 0
+            finish_ms = self._execute(output) if executed else self.now_ms
+            self.batch_queue.appendleft((output, self._model(output), finish_ms))
+            if len(self.batch_queue) < self.batch_queue_size and (executed or self.scheduler.has_requests()):
+                return
+        if self.batch_queue:
+            output, sampled, finish_ms = self.batch_queue.pop()
+            self.now_ms = max(self.now_ms, finish_ms)
+            self._apply(output, sampled)
+            device_idle = all(queued.total_num_scheduled_tokens == 0 for queued, _, _ in self.batch_queue)
+            if output.total_num_scheduled_tokens == 0 and device_idle and self.scheduler.has_requests():
+                # Requests wait (e.g. paced answers) with the device idle: the real engine would
+                # spin on the wall clock; the virtual one moves on a tick.
+                self.now_ms = max(self.now_ms, self.device_free_ms) + IDLE_TICK_MS
+
+    def _schedule(self) -> Any:
+        # The observer "plans" the same running set only so that its preemption bookkeeping
+        # (which phases were still running when a request lost its KV) applies to any scheduler.
+        running = [self._live[r.request_id][2] for r in self.scheduler.running if r.request_id in self._live]
+        self.observer.plan_step(self.now_ms, running, [], 0)
+        output = self.scheduler.schedule()
+        self._num_steps += 1
+        if self._num_steps > self.max_steps:
+            raise RuntimeError(f"the offline run did not finish within {self.max_steps} steps")
+        self._scheduled.append(output.total_num_scheduled_tokens)
+        self._budgets.append(self.scheduler.max_num_scheduled_tokens)
+        for req_id in output.preempted_req_ids or ():
+            self._observe_preemption(req_id)
+        return output
+
+    def _execute(self, output: Any) -> float:
+        """Occupies the virtual device with the step; returns when its output is ready."""
+        step_ms = self.step_time_ms(self._step_shape(output, self.scheduler.requests))
+        start_ms = max(self.now_ms, self.device_free_ms)
+        self.device_free_ms = start_ms + step_ms
+        self.device_busy_ms += step_ms
+        return self.device_free_ms
+
+    def _model(self, output: Any) -> dict[str, list[int]]:
+        """The token each scheduled request samples: its script at the next output position."""
+        attainment = self.observer.recent_ttfat_attainment()
+        live = self._live
+        return sampled_tokens(
+            output, self.scheduler.requests, lambda req_id, pos: live[req_id][0].script.token_at(pos, attainment)
+        )
+
+    def _apply(self, output: Any, sampled: dict[str, list[int]]) -> None:
+        engine_outputs = self.scheduler.update_from_output(output, runner_output(sampled))
+        handles: list[int] = []
+        counts: list[int] = []
+        flat: list[int] = []
+        finished: list[tuple[str, str]] = []
+        for batch in engine_outputs.values():
+            for out in batch.outputs:
+                entry = self._live.get(out.request_id)
+                if entry is None:
+                    continue
+                if out.new_token_ids:
+                    timeline = entry[1]
+                    timeline.token_times_ms.extend([self.now_ms] * len(out.new_token_ids))
+                    if self.keep_output_tokens:
+                        timeline.output_token_ids.extend(out.new_token_ids)
+                    handles.append(entry[2])
+                    counts.append(len(out.new_token_ids))
+                    flat.extend(out.new_token_ids)
+                if out.finish_reason is not None:
+                    finished.append((out.request_id, str(out.finish_reason)))
+        if handles:
+            self.observer.on_tokens_batch(self.now_ms, handles, counts, flat)
+        for req_id, reason in finished:
+            self._finish(req_id, reason)
+
+    # ---- requests -------------------------------------------------------------------------
+
+    def _add(self, offline: OfflineRequest) -> None:
+        from vllm import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.request import Request
+
+        from meridian.vllm.names import CLASS_ARG
+
+        known_class = offline.slo_class if offline.slo_class in self._observer_classes else None
+        handle, slo_class = self.observer.add_request(
+            offline.req_id, offline.arrival_ms, list(offline.prompt_token_ids), max(offline.max_tokens, 1),
+            known_class, max(-_PRIORITY_LIMIT, min(_PRIORITY_LIMIT, offline.priority)),
+        )
+        timeline = Timeline(offline.req_id, slo_class, offline.arrival_ms)
+        self._timelines[offline.req_id] = timeline
+        if offline.max_tokens < 1:
+            # vLLM's frontend rejects a prompt that leaves no room to generate: so does the engine
+            # (the observer forgets it; it never reached a scheduler).
+            self.observer.finish(self.now_ms, handle, "abort", [])
+            timeline.finish_reason = "rejected"
+            self._num_rejected += 1
+            self.progress(1)
+            return
+        init_none_hash(sha256)
+        extra = {CLASS_ARG: offline.slo_class} if offline.slo_class is not None else None
+        params = SamplingParams(max_tokens=offline.max_tokens, temperature=0.0, extra_args=extra)
+        params.update_from_generation_config({}, EOS)
+        request = Request(
+            request_id=offline.req_id,
+            prompt_token_ids=list(offline.prompt_token_ids),
+            sampling_params=params,
+            pooling_params=None,
+            arrival_time=self.now_ms / 1000.0,
+            priority=offline.priority,
+            block_hasher=get_request_block_hasher(self.scheduler.block_size, sha256),
+        )
+        self._live[offline.req_id] = (offline, timeline, handle)
+        self.scheduler.add_request(request)
+
+    def _observe_preemption(self, req_id: str) -> None:
+        entry = self._live.get(req_id)
+        if entry is not None:
+            _phase, alarm = self.observer.on_preempted(self.now_ms, entry[2])
+            self._alarms += alarm
+
+    def _finish(self, req_id: str, reason: str) -> None:
+        offline, timeline, handle = self._live.pop(req_id)
+        timeline.thinking_stopped_by = offline.script.thinking_stopped_by
+        timeline.finish_reason = reason
+        timeline.report = self.observer.finish(self.now_ms, handle, reason, [])
+        self.progress(1)
+
+
+def _observer(scheduler: Any, config: Config) -> Meridian:
+    """A core that only measures, with the scheduler's limits and reasoning markers."""
+    reasoning = scheduler.vllm_config.reasoning_config
+    enabled = reasoning is not None and reasoning.enabled
+    return Meridian(
+        config,
+        block_size=scheduler.block_size,
+        max_num_batched_tokens=scheduler.scheduler_config.max_num_batched_tokens,
+        max_num_seqs=scheduler.scheduler_config.max_num_seqs,
+        reasoning_start_ids=list(reasoning.reasoning_start_token_ids or []) if enabled else [],
+        reasoning_end_ids=list(reasoning.natural_reasoning_end_token_ids or []) if enabled else [],
+        tool_call_ids=[[TOOL_CALL]] if enabled else [],
+    )

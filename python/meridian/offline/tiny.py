@@ -1,0 +1,189 @@
+"""The tiny reasoning model's format: its vocabulary, its model folder and its task.
+
+``write_tiny_model(path)`` writes a Qwen3-architecture ``config.json`` (head size 32, which
+vLLM's CPU attention accepts) and a word-level tokenizer whose vocabulary has the reasoning
+markers ``<think>`` / ``</think>`` and a ``<tool_call>`` marker, plus a ChatML chat template that
+opens ``<think>`` for the assistant. That is enough for vLLM to build its configs, its
+``ReasoningConfig`` (``--reasoning-parser deepseek_r1``) and its scheduler offline (no model hub
+is reachable here). The task the trained fixture (``tests/fixtures/tiny-reasoner``, made by
+``scripts/train_tiny.py``) learned: the prompt ``think N answer M`` asks for a countdown
+``N … 1`` with filler words as the reasoning, then ``</think>``, then the first M letters as the
+answer, then EOS. The offline engine scripts its outputs in the same tokens. Invariant: the
+output depends only on the arguments, so two calls write byte-identical files.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+#: Special tokens, in id order from 0.
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<unk>",
+]
+#: Added tokens that stay visible in decoded text (the reasoning parser reads them).
+MARKER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+#: Ordinary words: counting words for the reasoning and digits/letters for answers.
+WORDS = (
+    [str(i) for i in range(100)]
+    + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    + "think count down answer with tokens then stop user assistant system so next step done "
+    "ok the is a of and to in it that let me check again wait hmm right yes no because".split()
+)
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + ' ' + message['content'] + ' <|im_end|> ' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant <think> ' }}{% endif %}"
+)
+
+
+def vocabulary() -> dict[str, int]:
+    """Token → id map of the tiny tokenizer (duplicates removed, first occurrence wins)."""
+    vocab: dict[str, int] = {}
+    for token in SPECIAL_TOKENS + WORDS:
+        vocab.setdefault(token, len(vocab))
+    return vocab
+
+
+def write_tiny_model(
+    path: str | Path,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    head_dim: int = 32,
+    max_position_embeddings: int = 4096,
+) -> Path:
+    """Writes ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
+    ``generation_config.json`` into ``path`` and returns it."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    vocab = vocabulary()
+    tokenizer = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = WhitespaceSplit()
+    # The reasoning and tool-call markers are added tokens (always matched whole) but not special
+    # ones: as in DeepSeek-R1's and Qwen3's tokenizers they survive detokenization, which is what
+    # vLLM's reasoning parsers read to split reasoning from content.
+    tokenizer.add_special_tokens([t for t in SPECIAL_TOKENS if t not in MARKER_TOKENS])
+    tokenizer.add_tokens(MARKER_TOKENS)
+    tokenizer.save(str(out / "tokenizer.json"))
+
+    eos_id = vocab["<|im_end|>"]
+    config = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": _round_up(len(vocab), 64),
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": max_position_embeddings,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+        "bos_token_id": vocab["<|endoftext|>"],
+        "eos_token_id": eos_id,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+    }
+    _write_json(out / "config.json", config)
+    _write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": "<|endoftext|>",
+            "eos_token": "<|im_end|>",
+            "pad_token": "<|endoftext|>",
+            "unk_token": "<unk>",
+            "model_max_length": max_position_embeddings,
+            "chat_template": CHAT_TEMPLATE,
+            "clean_up_tokenization_spaces": False,
+        },
+    )
+    _write_json(out / "generation_config.json", {"eos_token_id": eos_id, "bos_token_id": vocab["<|endoftext|>"]})
+    return out
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def _write_json(path: Path, payload: dict[str, object]) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def tiny_model_dir(cache_dir: str | Path) -> Path:
+    """The tiny model folder under ``cache_dir`` (rewritten each call: a few ms, and a cache left
+    by an older version can never go stale)."""
+    return write_tiny_model(Path(cache_dir) / "tiny-reasoner")
+
+
+# ---- token ids the offline engine scripts outputs in ---------------------------------------
+
+VOCAB = vocabulary()
+THINK_START = VOCAB["<think>"]
+THINK_END = VOCAB["</think>"]
+TOOL_CALL = VOCAB["<tool_call>"]
+EOS = VOCAB["<|im_end|>"]
+#: Reasoning words and answer tokens of scripted outputs.
+WORD_IDS = [VOCAB[w] for w in ("count", "down", "next", "step", "ok", "so", "wait", "check")]
+ANSWER_IDS = [VOCAB[str(i)] for i in range(10)]
+
+
+# ---- the task the trained fixture learned ---------------------------------------------------
+
+FILLERS = ["so", "hmm", "ok", "wait", "check", "next", "step"]
+FILLER_PROBABILITY = 0.35
+MAX_THINK = 99
+MAX_ANSWER = 26
+#: The answer alphabet: ``answer M`` is the first M letters.
+LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+
+
+def task_prompt(num_think: int, num_answer: int) -> str:
+    """The user message that asks for ``num_think`` countdown steps and ``num_answer`` letters."""
+    return f"think {num_think} answer {num_answer}"
+
+
+def prompt_words(num_think: int, num_answer: int) -> list[str]:
+    """The chat-templated prompt, as whitespace-separated tokens (ends with the open ``<think>``)."""
+    return ["<|im_start|>", "user", *task_prompt(num_think, num_answer).split(), "<|im_end|>",
+            "<|im_start|>", "assistant", "<think>"]
+
+
+def completion_words(num_think: int, num_answer: int, rng: random.Random) -> list[str]:
+    """Countdown reasoning with random fillers, ``</think>``, M letters, EOS."""
+    words: list[str] = []
+    for k in range(num_think, 0, -1):
+        words.append(str(k))
+        if k > 1 and rng.random() < FILLER_PROBABILITY:
+            words.append(rng.choice(FILLERS))
+    return words + ["</think>"] + LETTERS[:num_answer] + ["<|im_end|>"]
+
+
+def reasoning_script(num_think: int, num_answer: int, *, seed: int = 0, tool_call: bool = False) -> list[int]:
+    """Scripted output tokens: ``num_think`` reasoning words, ``</think>``, ``num_answer`` answer
+    tokens (the first a tool-call marker when asked), EOS."""
+    think = [WORD_IDS[(seed + i) % len(WORD_IDS)] for i in range(num_think)]
+    answer = [ANSWER_IDS[(seed * 7 + i) % len(ANSWER_IDS)] for i in range(num_answer)]
+    if tool_call and answer:
+        answer[0] = TOOL_CALL
+    return think + [THINK_END] + answer + [EOS]

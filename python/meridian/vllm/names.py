@@ -1,0 +1,60 @@
+"""Every name that crosses a process boundary or the HTTP API, defined once.
+
+The request arguments a client sends (``vllm_xargs`` / ``SamplingParams.extra_args``) are the
+core's own constants, re-exported here and never retyped; the rest are the keys and markers
+``MeridianScheduler``, ``MeridianThinkingProcessor`` and the tools around them agree on: the
+``--additional-config`` block, the values the scheduler stamps into a request for the worker,
+the bus between them, the request log's fields, and the class paths an operator passes to
+``vllm serve``. Invariant: this module imports nothing but the core, so every layer (and every
+process) can read it without importing vLLM.
+"""
+
+from __future__ import annotations
+
+from meridian._core import CLASS_ARG, POLICY_NAMES, THINKING_ARG, THINKING_BUDGET_ARG
+
+__all__ = [
+    "BUS_DIR_ENV",
+    "CLASS_ARG",
+    "CONFIG_KEY",
+    "LOGITS_PROCESSOR",
+    "POLICY_NAMES",
+    "PROBE_FOR_ARG",
+    "PROBE_ID_INFIX",
+    "REPORT_FIELDS",
+    "REQ_ID_ARG",
+    "RESOLVED_CLASS_ARG",
+    "SCHEDULER_CLS",
+    "THINKING_ARG",
+    "THINKING_BUDGET_ARG",
+    "THINKING_STOP_FIELDS",
+]
+
+#: Key of Meridian's block in ``--additional-config``.
+CONFIG_KEY = "meridian"
+#: ``--scheduler-cls`` value.
+SCHEDULER_CLS = "meridian.vllm.MeridianScheduler"
+#: ``--logits-processors`` value.
+LOGITS_PROCESSOR = "meridian.vllm.thinking:MeridianThinkingProcessor"
+
+#: Stamped into ``extra_args`` by ``MeridianScheduler``: the request's id and the class the core
+#: resolved for it (the logits processor sees sampling params, not requests).
+REQ_ID_ARG = "meridian_req_id"
+RESOLVED_CLASS_ARG = "meridian_resolved_class"
+#: Set on an internal EAT probe: the ``req_id`` it measures.
+PROBE_FOR_ARG = "meridian_probe_for"
+#: Between a parent's ``req_id`` and the serial number in an EAT probe's ``req_id``.
+PROBE_ID_INFIX = "-meridian-eat-probe-"
+
+#: Environment variable naming the folder of the scheduler ↔ worker bus (default: temp dir).
+BUS_DIR_ENV = "MERIDIAN_BUS_DIR"
+
+#: Fields of a finished request's line in the request log (``request_log_path``), in order.
+REPORT_FIELDS = (
+    "req_id", "slo_class", "reason", "arrival_ms", "ttft_ms", "ttfat_ms", "transition_gap_ms", "think_tpot_ms",
+    "answer_tpot_ms", "e2e_ms", "max_answer_gap_ms", "num_stalls", "num_think_tokens", "num_answer_tokens",
+    "num_preemptions_prefill", "num_preemptions_think", "num_preemptions_answer", "met_all",
+    "never_reusable_from_token",
+)
+#: Fields after them: the thinking-control rule that ended the reasoning, and after how many tokens.
+THINKING_STOP_FIELDS = ("thinking_stopped_by", "thinking_stopped_after_tokens")

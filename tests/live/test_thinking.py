@@ -1,0 +1,134 @@
+"""Live: thinking control end to end on vLLM's CPU build with the tiny reasoning model —
+``MeridianThinkingProcessor`` next to ``MeridianScheduler``, one rule per request through
+``vllm_xargs``. Each rule must end the reasoning early with the answer following; with control
+off the output must be the model's own; a bad argument fails that request alone with HTTP 400.
+The tiny model cannot judge answer quality, so nothing here claims accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meridian.demo.server import StreamResult, VllmServer, stream_chat
+from meridian.demo.thinking import LOAD_AWARE, MODES, PROCESSOR_ARGS, server_config_json
+from meridian.offline.tiny import LETTERS
+
+pytestmark = pytest.mark.vllm
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
+MODEL = str(FIXTURE)
+SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
+               "--kv-cache-memory-bytes", str(4 << 20), "--max-num-seqs", "8",
+               "--reasoning-parser", "deepseek_r1", "--scheduler-cls", "meridian.vllm.MeridianScheduler"]
+NUM_THINK = 60
+NUM_ANSWER = 5
+SAVED: dict[str, int] = {}
+RULES = {"budget 12": "budget", "eat": "eat", "proxy": "proxy", "rpdi": "rpdi"}
+
+
+@pytest.fixture(scope="module")
+def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> VllmServer:
+    folder = tmp_path_factory.mktemp("live-thinking")
+    log = folder / "requests.jsonl"
+    args = SERVER_ARGS + PROCESSOR_ARGS + ["--additional-config", server_config_json({"request_log_path": str(log)})]
+    with VllmServer(FIXTURE, args, log_path=folder / "serve.log", cache_dir=cache_dir) as srv:
+        srv.request_log = log  # type: ignore[attr-defined]
+        yield srv
+
+
+def last_logged(server: VllmServer) -> dict[str, Any]:
+    """The newest line of the request log (the scheduler writes it as the request finishes)."""
+    path: Path = server.request_log  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines() if path.exists() else []
+        if lines:
+            return json.loads(lines[-1])
+        time.sleep(0.1)
+    raise AssertionError("nothing in the request log")
+
+
+def ask(server: VllmServer, xargs: dict[str, Any] | None) -> StreamResult:
+    extra = {"vllm_xargs": xargs} if xargs is not None else None
+    result = stream_chat(server.base_url, MODEL, f"think {NUM_THINK} answer {NUM_ANSWER}", max_tokens=200, extra=extra)
+    assert result.status == 200 and result.error is None, result.error
+    return result
+
+
+def countdown() -> list[str]:
+    return [str(k) for k in range(NUM_THINK, 0, -1)]
+
+
+@pytest.mark.parametrize("mode", ["off (no arguments)", "off (explicit)"])
+def test_with_control_off_the_output_is_the_models_own(server: VllmServer, mode: str) -> None:
+    result = ask(server, MODES[mode])
+    assert result.reasoning.split() == countdown()
+    assert result.content.split() == LETTERS[:NUM_ANSWER]
+    time.sleep(0.3)
+    logged = last_logged(server)
+    assert (logged["thinking_stopped_by"], logged["thinking_stopped_after_tokens"]) == (None, None)
+
+
+@pytest.mark.parametrize("mode", ["budget 12", "eat", "proxy", "rpdi"])
+def test_each_rule_ends_thinking_early_and_the_answer_follows(server: VllmServer, mode: str) -> None:
+    result = ask(server, MODES[mode])
+    thought = result.reasoning.split()
+    assert 0 < len(thought) < NUM_THINK, f"{mode} did not end the reasoning early: {len(thought)} tokens"
+    assert thought == countdown()[: len(thought)], "the reasoning was cut, never changed"
+    assert result.content.split() == LETTERS[:NUM_ANSWER]
+    if mode == "budget 12":
+        assert len(thought) == 12
+    time.sleep(0.3)
+    logged = last_logged(server)
+    assert logged["thinking_stopped_by"] == RULES[mode], "the request log names the rule that fired"
+    assert logged["thinking_stopped_after_tokens"] == len(thought)
+    SAVED[mode] = NUM_THINK - len(thought)
+
+
+def test_load_aware_budget_tightens_once_the_class_misses_its_target(server: VllmServer) -> None:
+    xargs = MODES["load-aware (strict class)"]
+    first = ask(server, xargs)
+    assert len(first.reasoning.split()) == LOAD_AWARE["budget_tokens"], "no completion yet: the full budget"
+    # The scheduler publishes the class's attainment when it changes; the worker re-reads it at
+    # most four times a second.
+    time.sleep(1.0)
+    second = ask(server, xargs)
+    assert len(second.reasoning.split()) == LOAD_AWARE["min_budget_tokens"], "attainment 0: the minimum budget"
+    assert second.content.split() == LETTERS[:NUM_ANSWER]
+    time.sleep(0.3)
+    assert last_logged(server)["thinking_stopped_by"] == "load_aware_budget"
+    SAVED["load-aware (strict class)"] = NUM_THINK - len(second.reasoning.split())
+
+
+@pytest.mark.parametrize(
+    ("xargs", "named"),
+    [
+        ({"meridian_thinking_budget_tokens": 0}, "meridian_thinking_budget_tokens"),
+        ({"meridian_thinking": json.dumps({"eat": {"alpha": 3}})}, "meridian_thinking.eat.alpha"),
+        ({"meridian_thinking": "on"}, "meridian_thinking"),
+        ({"meridian_thinking_budget_tokens": "many"}, "meridian_thinking_budget_tokens"),
+    ],
+)
+def test_a_bad_argument_fails_that_request_alone_with_400(server: VllmServer, xargs: dict[str, Any], named: str) -> None:
+    import httpx
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "think 3 answer 2"}], "max_tokens": 50,
+            "temperature": 0.0, "vllm_xargs": xargs}
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400
+    assert f"`{named}`" in response.json()["error"]["message"]
+    assert ask(server, None).content.split() == LETTERS[:NUM_ANSWER], "the server still serves"
+
+
+def test_report_thinking_tokens_saved() -> None:
+    """Prints the tokens each rule saved on this prompt (run with -s to see it)."""
+    assert SAVED, "the rule tests did not run"
+    print(f"\nthinking tokens saved on 'think {NUM_THINK} answer {NUM_ANSWER}' (of {NUM_THINK}):")
+    for mode, saved in SAVED.items():
+        print(f"  {mode:28s} {saved:3d}  ({saved / NUM_THINK:.0%})")
+    assert all(saved > 0 for saved in SAVED.values())

@@ -1,0 +1,79 @@
+"""The tiny reasoning-format model fixture (tests/fixtures/tiny-reasoner): its files are the
+documented ones, its config and tokenizer are what the generator writes, the training data has
+the promised shape, and greedy decoding through vLLM's real CPU engine follows the prompt's
+lengths — with stock vLLM's scheduler and with MeridianScheduler, token for token."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from meridian.offline.tiny import FILLERS, LETTERS, completion_words, prompt_words, vocabulary, write_tiny_model
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
+
+
+def test_fixture_files_match_the_documented_hashes() -> None:
+    manifest = json.loads((FIXTURE / "MANIFEST.json").read_text())
+    files = {p.name for p in FIXTURE.iterdir()} - {"MANIFEST.json"}
+    assert files == set(manifest["sha256"])
+    for name, digest in manifest["sha256"].items():
+        assert hashlib.sha256((FIXTURE / name).read_bytes()).hexdigest() == digest, name
+    assert (FIXTURE / "model.safetensors").stat().st_size < 4 * 1024 * 1024
+
+
+def test_generator_reproduces_config_and_tokenizer(tmp_path: Path) -> None:
+    write_tiny_model(tmp_path, max_position_embeddings=512)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (tmp_path / name).read_bytes() == (FIXTURE / name).read_bytes(), name
+
+
+def test_training_sequences_count_down_then_answer() -> None:
+    rng = random.Random(7)
+    vocab = vocabulary()
+    for _ in range(50):
+        n, m = rng.randint(1, 99), rng.randint(1, 26)
+        words = completion_words(n, m, rng)
+        end = words.index("</think>")
+        numbers = [w for w in words[:end] if w.isdigit()]
+        assert numbers == [str(k) for k in range(n, 0, -1)]
+        assert all(w in FILLERS for w in words[:end] if not w.isdigit())
+        assert words[end + 1 :] == LETTERS[:m] + ["<|im_end|>"]
+        assert all(w in vocab for w in prompt_words(n, m) + words)
+
+
+@pytest.mark.vllm
+def test_greedy_generation_through_vllm_follows_the_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: deterministic steps
+    from vllm import LLM, SamplingParams
+
+    cases = [(1, 1), (9, 4), (40, 13), (99, 26)]
+    outputs = {}
+    for name, scheduler_cls in (("vllm", None), ("meridian", "meridian.vllm.MeridianScheduler")):
+        llm = LLM(
+            model=str(FIXTURE), dtype="float32", enforce_eager=True, max_model_len=512, block_size=32,
+            kv_cache_memory_bytes=2 * 1024 * 1024, reasoning_parser="deepseek_r1", seed=0, max_num_seqs=8,
+            scheduler_cls=scheduler_cls,
+        )
+        vocab = llm.get_tokenizer().get_vocab()
+        prompts = [{"prompt_token_ids": [vocab[w] for w in prompt_words(n, m)]} for n, m in cases]
+        results = llm.generate(prompts, SamplingParams(max_tokens=300, temperature=0.0))
+        outputs[name] = [list(r.outputs[0].token_ids) for r in results]
+        if scheduler_cls is not None:
+            scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+            assert type(scheduler).__name__ == "MeridianScheduler"
+            reports = {r.req_id: r for r in scheduler.finished_reports}
+            assert len(reports) == len(cases)
+            assert all(r.num_answer_tokens >= 2 and r.ttfat_ms is not None for r in reports.values())
+        del llm
+    assert outputs["meridian"] == outputs["vllm"], "the scheduler must not change greedy outputs"
+    inverse = {i: w for w, i in vocabulary().items()}
+    for (n, m), ids in zip(cases, outputs["vllm"]):
+        words = [inverse[i] for i in ids]
+        end = words.index("</think>")
+        assert [w for w in words[:end] if w.isdigit()] == [str(k) for k in range(n, 0, -1)]
+        assert words[end + 1 :] == LETTERS[:m] + ["<|im_end|>"]

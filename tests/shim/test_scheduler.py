@@ -1,0 +1,225 @@
+"""MeridianScheduler against vLLM's real scheduler classes, driven offline with scripted outputs.
+
+Every test builds real vLLM configs and schedulers (the tiny local model folder, no hub) and runs
+them through the engine core's call sequence (``meridian.offline.engine.OfflineEngine``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from meridian.errors import ConfigError
+from meridian.demo.scripted import SCENARIO_MERIDIAN_CONFIG, Scenario, run_scenario, scenario_requests
+from meridian.offline.engine import EngineSpec, OfflineEngine, OfflineRequest, build_scheduler, scripted_request
+from meridian.offline.tiny import THINK_END, WORD_IDS, reasoning_script
+
+pytestmark = pytest.mark.vllm
+
+
+def scripted_tokens(request: OfflineRequest) -> list[int]:
+    """The tokens a scripted request's model emits."""
+    return list(request.script.tokens)  # type: ignore[attr-defined]
+
+
+def schedulers() -> dict[str, type[Any]]:
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from meridian.vllm import MeridianScheduler
+
+    return {"vllm-fcfs": AsyncScheduler, "meridian": MeridianScheduler}
+
+
+def spec(model: Path, **overrides: Any) -> EngineSpec:
+    base: dict[str, Any] = {"model_dir": model, "additional_config": {"meridian": SCENARIO_MERIDIAN_CONFIG}}
+    base.update(overrides)
+    return EngineSpec(**base)
+
+
+def run(policy: str, model: Path, requests: list[OfflineRequest], **overrides: Any) -> Any:
+    from meridian._core import Config
+
+    scheduler = build_scheduler(schedulers()[policy], spec(model, **overrides))
+    config = Config.from_json(json.dumps(SCENARIO_MERIDIAN_CONFIG))
+    return scheduler, OfflineEngine(scheduler, requests, observer_config=config).run()
+
+
+@pytest.fixture(scope="module")
+def scenario_runs(cache_dir: Path) -> dict[tuple[str, int], Any]:
+    return {(policy, seed): run_scenario(policy, seed, cache_dir) for seed in (0, 1, 2) for policy in ("vllm-fcfs", "meridian")}
+
+
+def test_under_kv_pressure_thinking_requests_yield_before_answering_ones(scenario_runs: dict[Any, Any]) -> None:
+    seeds = (0, 1, 2)
+    stock_alarms = sum(scenario_runs[("vllm-fcfs", s)].num_answer_preemption_alarms for s in seeds)
+    assert stock_alarms > 0, "the scenario must put stock vLLM under enough pressure to preempt an answer"
+    stock_answer = sum(r.num_preemptions_answer for s in seeds for r in scenario_runs[("vllm-fcfs", s)].reports)
+    ours_answer = 0
+    for seed in seeds:
+        result = scenario_runs[("meridian", seed)]
+        reports = result.reports
+        assert sum(r.num_preemptions_think for r in reports) > 0, "Meridian must also be under pressure"
+        # An answer may only lose its KV when no thinking request is left to yield.
+        assert result.num_answer_preemption_alarms == 0
+        assert sum(r.num_stalls for r in reports) == 0, "no answer stream stalls"
+        ours_answer += sum(r.num_preemptions_answer for r in reports)
+    assert ours_answer < stock_answer
+
+
+def test_every_request_finishes_with_the_same_tokens_under_both(scenario_runs: dict[Any, Any]) -> None:
+    for seed in (0, 1, 2):
+        scripts = {r.req_id: scripted_tokens(r) for r in scenario_requests(Scenario(), seed)}
+        for policy in ("vllm-fcfs", "meridian"):
+            result = scenario_runs[(policy, seed)]
+            for req_id, script in scripts.items():
+                got = result.timelines[req_id]
+                assert got.output_token_ids == script, (policy, seed, req_id)
+                assert got.finish_reason == "stop"
+
+
+def test_nothing_leaks(scenario_runs: dict[Any, Any]) -> None:
+    for result in scenario_runs.values():
+        assert result.final_num_free_blocks == result.max_num_free_blocks
+        assert len(result.reports) == Scenario().num_requests
+
+
+class _RecordingFree:
+    """Records each request's block ids just before vLLM frees them."""
+
+    freed: dict[str, tuple[list[int], ...]]
+
+    def _free_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        self.freed[request.request_id] = self.kv_cache_manager.get_block_ids(request.request_id)  # type: ignore[attr-defined]
+        return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
+
+
+def test_never_reusable_reasoning_blocks_are_evicted_first(tiny_model: Path) -> None:
+    prompt = [WORD_IDS[i % len(WORD_IDS)] for i in range(40)]  # 2 full blocks + 8 tokens
+    request = scripted_request("a", 0, prompt, reasoning_script(40, 10))
+    outcome = {}
+    for policy, base in schedulers().items():
+        cls = type(f"Recording{base.__name__}", (_RecordingFree, base), {"freed": {}})
+        scheduler = build_scheduler(cls, spec(tiny_model, num_blocks=33))
+        cls.freed = {}
+        OfflineEngine(scheduler, [request]).run()
+        blocks = cls.freed["a"][0]
+        pool = scheduler.kv_cache_manager.block_pool
+        free = pool.free_block_queue.get_all_free_blocks()
+        outcome[policy] = (blocks, [b.block_id for b in free], {b.block_id: b.block_hash for b in pool.blocks})
+    blocks, free_order, hashes = outcome["meridian"]
+    # Reasoning starts at token 40, inside block 2: blocks 2.. can never be a prefix hit again.
+    reasoning, prompt_blocks = set(blocks[2:]), blocks[:2]
+    assert set(free_order[: len(reasoning)]) == reasoning, "reasoning blocks are reused first"
+    assert all(hashes[b] is None for b in reasoning)
+    assert all(hashes[b] is not None for b in prompt_blocks), "prompt blocks stay in the prefix cache"
+    assert set(free_order[-2:]) == set(prompt_blocks)
+    stock_blocks, stock_free, stock_hashes = outcome["vllm-fcfs"]
+    assert all(stock_hashes[b] is not None for b in stock_blocks[2:5]), "stock keeps hashing reasoning blocks"
+    assert set(stock_free[: len(stock_blocks)]).isdisjoint(stock_blocks[:5])
+
+
+def test_tool_call_answers_keep_their_reasoning_blocks(tiny_model: Path) -> None:
+    prompt = [WORD_IDS[i % len(WORD_IDS)] for i in range(40)]
+    request = scripted_request("t", 0, prompt, reasoning_script(40, 10, tool_call=True))
+    scheduler = build_scheduler(schedulers()["meridian"], spec(tiny_model, num_blocks=33))
+    result = OfflineEngine(scheduler, [request]).run()
+    assert result.timelines["t"].report is not None
+    assert scheduler.num_reasoning_blocks_evicted == 0
+    assert scheduler.finished_reports[-1].never_reusable_from_token is None
+
+
+def test_token_budget_cap_holds_while_answers_stream(tiny_model: Path) -> None:
+    config = dict(SCENARIO_MERIDIAN_CONFIG)
+    config["step_time"] = {
+        "base_ms": 1.0, "per_prefill_token_ms": 0.01, "per_decode_request_ms": 0.0, "per_context_token_ms": 0.0,
+        "online_fit": False,
+    }
+    config["tpot_headroom"] = 0.9
+    requests = scenario_requests(Scenario(num_requests=24, prompt_tokens=(60, 120)), seed=5)
+    max_num_seqs = 32
+    scheduler = build_scheduler(
+        schedulers()["meridian"],
+        spec(tiny_model, num_blocks=200, additional_config={"meridian": config}, max_num_batched_tokens=256,
+             max_num_seqs=max_num_seqs),
+    )
+    result = OfflineEngine(scheduler, requests).run()
+    # Every running decode gets its token; prompt chunks get what fits the target: while anyone
+    # answers, answer TPOT 2.0 ms × 0.9 headroom leaves (1.8 − 1.0) / 0.01 = 80 prompt tokens;
+    # without answering requests 2.5 × 1.8 ms leaves 350, capped by max_num_batched_tokens.
+    budgets = result.token_budget_per_step
+    answering = [b for b in budgets if b < 256]
+    assert all(80 <= b <= 80 + max_num_seqs for b in answering), sorted(set(answering))
+    assert answering and 256 in budgets
+    for scheduled, budget in zip(result.scheduled_tokens_per_step, result.token_budget_per_step):
+        assert scheduled <= budget
+    assert max(result.scheduled_tokens_per_step) > 80 + max_num_seqs, "the relaxed budget is used when nobody answers"
+    assert all(r.output_token_ids == scripted_tokens(s) for r, s in zip(
+        (result.timelines[q.req_id] for q in requests), requests))
+
+
+def test_unknown_class_fails_only_that_request(tiny_model: Path) -> None:
+    requests = [
+        scripted_request("good", 0, WORD_IDS[:8], reasoning_script(5, 3), slo_class="standard"),
+        scripted_request("bad", 0, WORD_IDS[:8], reasoning_script(5, 3), slo_class="gold"),
+        scripted_request("late", 3, WORD_IDS[:8], reasoning_script(5, 3)),
+        scripted_request("huge-priority", 1, WORD_IDS[:8], reasoning_script(5, 3), priority=2**70),
+    ]
+    scheduler, result = run("meridian", tiny_model, requests)
+    for rejected in ("bad", "huge-priority"):
+        assert result.timelines[rejected].finish_reason == "error"
+        assert result.timelines[rejected].output_token_ids == []
+    for req_id in ("good", "late"):
+        assert result.timelines[req_id].finish_reason == "stop"
+        assert result.timelines[req_id].output_token_ids == scripted_tokens(requests[0])
+    assert scheduler.meridian.num_requests == 0 and not scheduler.has_requests()
+
+
+def test_bad_additional_config_stops_start_up_naming_the_key(tiny_model: Path) -> None:
+    bad = {"meridian": {"classes": {"gold": {"ttft_ms": 1, "ttfat_ms": 1, "answer_tpot_ms": "fast", "rank": 0}}}}
+    with pytest.raises(ConfigError, match="classes.gold.answer_tpot_ms"):
+        build_scheduler(schedulers()["meridian"], spec(tiny_model, additional_config=bad))
+    with pytest.raises(ConfigError, match="meridian"):
+        build_scheduler(schedulers()["meridian"], spec(tiny_model, additional_config={"meridian": [1]}))
+
+
+def test_vllm_priority_maps_onto_classes_and_fcfs_underneath(tiny_model: Path) -> None:
+    from vllm.v1.core.sched.request_queue import SchedulingPolicy
+
+    requests = [
+        scripted_request("urgent", 0, WORD_IDS[:8], reasoning_script(4, 2), priority=-1),
+        scripted_request("normal", 0, WORD_IDS[:8], reasoning_script(4, 2)),
+        scripted_request("later", 0, WORD_IDS[:8], reasoning_script(4, 2), priority=3),
+    ]
+    scheduler = build_scheduler(schedulers()["meridian"], spec(tiny_model, policy="priority", additional_config={}))
+    assert scheduler.policy == SchedulingPolicy.FCFS
+    OfflineEngine(scheduler, requests).run()
+    classes = {r.req_id: r.slo_class for r in scheduler.finished_reports}
+    assert classes == {"urgent": "interactive", "normal": "standard", "later": "batch"}
+
+
+def test_synchronous_engine_loop_works_too(tiny_model: Path) -> None:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from meridian.vllm import MeridianScheduler
+
+    requests = scenario_requests(Scenario(num_requests=12), seed=3)
+    for cls in (Scheduler, MeridianScheduler):
+        scheduler = build_scheduler(cls, spec(tiny_model, async_scheduling=False))
+        result = OfflineEngine(scheduler, requests).run()
+        assert [result.timelines[r.req_id].output_token_ids for r in requests] == [scripted_tokens(r) for r in requests]
+        assert result.final_num_free_blocks == result.max_num_free_blocks
+
+
+def test_phases_and_ledger_are_populated(tiny_model: Path) -> None:
+    requests = [scripted_request("r", 0, WORD_IDS[:8], reasoning_script(6, 4))]
+    scheduler, result = run("meridian", tiny_model, requests)
+    report = scheduler.finished_reports[-1]
+    assert report.num_think_tokens == 7 and report.num_answer_tokens == 5  # 4 answer tokens + EOS
+    assert report.ttft_ms is not None and report.ttfat_ms is not None and report.ttfat_ms > report.ttft_ms
+    assert report.never_reusable_from_token == 8
+    assert result.timelines["r"].output_token_ids.index(THINK_END) == 6
+    stats = scheduler.meridian.stats()
+    assert stats["num_finished"] == 1 and stats["num_steps"] >= 12
