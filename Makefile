@@ -18,9 +18,11 @@ demo: setup  ## Set everything up, then run the main job (stock vLLM vs Meridian
 	$(VENV)/bin/meridian demo
 
 .PHONY: lint
-lint:  ## rustfmt, clippy (warnings are errors)
+lint:  ## rustfmt, clippy (warnings are errors), the import contracts (needs .venv: make setup)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/lint-imports
+	$(PY) scripts/check_import_time.py
 
 .PHONY: test-rust
 test-rust:  ## Rust unit, property and doc tests; check that the benches build
@@ -28,8 +30,12 @@ test-rust:  ## Rust unit, property and doc tests; check that the benches build
 	cargo bench -p meridian-core --no-run
 
 .PHONY: test-py
-test-py:  ## pytest: bindings, stubs, the shim against real vLLM classes, hypothesis invariants
+test-py:  ## pytest, every layer: core binding, shim, offline engine, replay, demo, live servers, GPU (skips without one)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+.PHONY: test-fast
+test-fast:  ## pytest without the live servers and the GPU (a few minutes)
+	$(PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/live --ignore=tests/gpu
 
 .PHONY: test
 test: setup lint test-rust test-py  ## Set everything up and run every test

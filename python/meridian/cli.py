@@ -33,7 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meridian", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="meridian", description="Meridian: phase- and SLO-aware scheduling for reasoning models on vLLM."
+    )
     parser.add_argument("--version", action="version", version=f"meridian {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_demo(sub)

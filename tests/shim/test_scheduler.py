@@ -223,3 +223,35 @@ def test_phases_and_ledger_are_populated(tiny_model: Path) -> None:
     assert result.timelines["r"].output_token_ids.index(THINK_END) == 6
     stats = scheduler.meridian.stats()
     assert stats["num_finished"] == 1 and stats["num_steps"] >= 12
+
+
+def test_a_configured_tool_call_marker_that_is_not_one_token_stops_start_up(tiny_model: Path) -> None:
+    config = {**SCENARIO_MERIDIAN_CONFIG, "tool_call_markers": ["<tool_call>", "call the tool"]}
+    with pytest.raises(ConfigError, match=r"tool_call_markers\[1\]`: `call the tool` is not a single token"):
+        build_scheduler(schedulers()["meridian"], spec(tiny_model, additional_config={"meridian": config}))
+    config["tool_call_markers"] = ["</tool_call>"]
+    scheduler = build_scheduler(schedulers()["meridian"], spec(tiny_model, additional_config={"meridian": config}))
+    assert scheduler.meridian.num_requests == 0, "a marker that is one token is taken"
+
+
+def test_the_scheduler_stamps_the_class_the_core_resolved(tiny_model: Path) -> None:
+    from meridian.vllm.names import REQ_ID_ARG, RESOLVED_CLASS_ARG
+
+    requests = [
+        scripted_request("named", 0, WORD_IDS[:8], reasoning_script(2, 2), slo_class="batch"),
+        scripted_request("by-priority", 0, WORD_IDS[:8], reasoning_script(2, 2), priority=-1),
+        scripted_request("default", 0, WORD_IDS[:8], reasoning_script(2, 2)),
+    ]
+    scheduler = build_scheduler(schedulers()["meridian"], spec(tiny_model, additional_config={}))
+    stamped: dict[str, Any] = {}
+    original = scheduler.add_request
+
+    def add_request(request: Any) -> None:
+        original(request)
+        stamped[request.request_id] = dict(request.sampling_params.extra_args)
+
+    scheduler.add_request = add_request
+    OfflineEngine(scheduler, requests).run()
+    assert {r: e[RESOLVED_CLASS_ARG] for r, e in stamped.items()} == {
+        "named": "batch", "by-priority": "interactive", "default": "standard"}
+    assert all(e[REQ_ID_ARG] == r for r, e in stamped.items())

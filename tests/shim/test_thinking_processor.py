@@ -310,3 +310,25 @@ def test_random_batch_histories_keep_the_invariants(tiny_model: Path) -> None:
                 assert len(out) <= budget, "a budgeted request thought past its budget"
 
     run()
+
+
+def test_the_processor_refuses_to_start_without_meridians_scheduler(tiny_model: Path) -> None:
+    from meridian.errors import ConfigError
+    from meridian.offline.engine import EngineSpec, vllm_config_for
+    from meridian.vllm.thinking import MeridianThinkingProcessor
+
+    config = vllm_config_for(EngineSpec(model_dir=tiny_model))  # vLLM's own scheduler
+    with pytest.raises(ConfigError, match="--scheduler-cls meridian.vllm.MeridianScheduler"):
+        MeridianThinkingProcessor(config, torch.device("cpu"), False)
+
+
+def test_a_request_without_a_resolved_class_is_left_alone(tiny_model: Path) -> None:
+    # The class would decide the control; the processor never guesses one.
+    d = Driver(tiny_model, {"thinking_control": {"budget_tokens": 1}})
+    unstamped = d.add(0, {"meridian_req_id": "a"}, slo_class=None)
+    stamped = d.add(1, {"meridian_req_id": "b"})
+    for _ in range(3):
+        d.step()
+    end = d.vocab["</think>"]
+    assert end not in unstamped, "no class, no control"
+    assert stamped[1] == end, "the class's budget of one token ends the stamped request's reasoning"

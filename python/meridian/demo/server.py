@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 
 def free_port() -> int:
@@ -42,6 +42,7 @@ class VllmServer:
         self.cache_dir = cache_dir
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "meridian.vllm_cli", "serve", str(self.model), "--host", "127.0.0.1",
@@ -62,13 +63,11 @@ class VllmServer:
         """Starts the server; returns once ``/health`` answers, raises if the process dies first."""
         import httpx
 
-        log = open(self.log_path, "wb")  # noqa: SIM115 - closed with the process
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                        env=self.environment(), start_new_session=True)
+        process = self._launch()
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.process.returncode}; log: {self.log_path}")
+            if process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {process.returncode}; log: {self.log_path}")
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
                     return self
@@ -80,25 +79,31 @@ class VllmServer:
 
     def wait_for_exit(self, timeout_s: float) -> int:
         """Runs the server expecting it to exit by itself (a start-up failure); returns its code."""
-        log = open(self.log_path, "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
-                                        env=self.environment(), start_new_session=True)
+        process = self._launch()
         try:
-            return self.process.wait(timeout=timeout_s)
+            return process.wait(timeout=timeout_s)
         finally:
             self.stop()
 
+    def _launch(self) -> subprocess.Popen[bytes]:
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
+                                        env=self.environment(), start_new_session=True)
+        return self.process
+
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+        """Stops the server's whole process group, then closes its log."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
             try:
-                self.process.wait(timeout=30)
+                process.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
-        self.process = None
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

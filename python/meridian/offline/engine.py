@@ -251,18 +251,20 @@ class Timeline:
 
 @dataclass
 class EngineRun:
-    """Everything one offline run observed."""
+    """Everything one offline run observed (filled in as the run goes)."""
 
-    timelines: dict[str, Timeline]
-    num_steps: int
-    clock_ms: float
-    device_busy_ms: float
-    num_rejected: int
-    num_answer_preemption_alarms: int
-    scheduled_tokens_per_step: list[int]
-    token_budget_per_step: list[int]
-    max_num_free_blocks: int
-    final_num_free_blocks: int
+    #: Per request, in arrival order.
+    timelines: dict[str, Timeline] = field(default_factory=dict)
+    num_steps: int = 0
+    clock_ms: float = 0.0
+    device_busy_ms: float = 0.0
+    num_rejected: int = 0
+    num_answer_preemption_alarms: int = 0
+    scheduled_tokens_per_step: list[int] = field(default_factory=list)
+    token_budget_per_step: list[int] = field(default_factory=list)
+    #: Free KV blocks before the first request, and after the last finished.
+    max_num_free_blocks: int = 0
+    final_num_free_blocks: int = 0
 
     @property
     def reports(self) -> list[FinishedRequest]:
@@ -310,15 +312,9 @@ class OfflineEngine:
         self._observer_classes = set(self.observer_config.class_names)
         self.observer = _observer(scheduler, self.observer_config)
         self.device_free_ms = 0.0
-        self.device_busy_ms = 0.0
         self.batch_queue: deque[tuple[Any, dict[str, list[int]], float]] = deque()
-        self._timelines: dict[str, Timeline] = {}
         self._live: dict[str, tuple[OfflineRequest, Timeline, int]] = {}
-        self._num_rejected = 0
-        self._alarms = 0
-        self._num_steps = 0
-        self._scheduled: list[int] = []
-        self._budgets: list[int] = []
+        self.result = EngineRun()
         #: Passes of the busy loop so far (one ``step_with_batch_queue`` call each, plus idle
         #: jumps); arrivals are added at the top of a pass, as ``EngineCore`` does between steps.
         self.num_loop_passes = 0
@@ -326,7 +322,8 @@ class OfflineEngine:
     def run(self) -> EngineRun:
         """Runs until every admitted request has finished."""
         pending = deque(self.requests)
-        max_free = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        block_pool = self.scheduler.kv_cache_manager.block_pool
+        self.result.max_num_free_blocks = block_pool.get_num_free_blocks()
         while pending or self.scheduler.has_requests() or self.batch_queue:
             self.num_loop_passes += 1
             while pending and pending[0].arrival_ms <= self.now_ms:
@@ -336,18 +333,9 @@ class OfflineEngine:
                     self.now_ms = max(self.now_ms, pending[0].arrival_ms)
                 continue
             self._step()
-        return EngineRun(
-            timelines=self._timelines,
-            num_steps=self._num_steps,
-            clock_ms=self.now_ms,
-            device_busy_ms=self.device_busy_ms,
-            num_rejected=self._num_rejected,
-            num_answer_preemption_alarms=self._alarms,
-            scheduled_tokens_per_step=self._scheduled,
-            token_budget_per_step=self._budgets,
-            max_num_free_blocks=max_free,
-            final_num_free_blocks=self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks(),
-        )
+        self.result.clock_ms = self.now_ms
+        self.result.final_num_free_blocks = block_pool.get_num_free_blocks()
+        return self.result
 
     def _step(self) -> None:
         """``EngineCore.step_with_batch_queue``: schedule ahead while the device is busy; apply the
@@ -375,11 +363,12 @@ class OfflineEngine:
         running = [self._live[r.request_id][2] for r in self.scheduler.running if r.request_id in self._live]
         self.observer.plan_step(self.now_ms, running, [], 0)
         output = self.scheduler.schedule()
-        self._num_steps += 1
-        if self._num_steps > self.max_steps:
+        result = self.result
+        result.num_steps += 1
+        if result.num_steps > self.max_steps:
             raise RuntimeError(f"the offline run did not finish within {self.max_steps} steps")
-        self._scheduled.append(output.total_num_scheduled_tokens)
-        self._budgets.append(self.scheduler.max_num_scheduled_tokens)
+        result.scheduled_tokens_per_step.append(output.total_num_scheduled_tokens)
+        result.token_budget_per_step.append(self.scheduler.max_num_scheduled_tokens)
         for req_id in output.preempted_req_ids or ():
             self._observe_preemption(req_id)
         return output
@@ -389,7 +378,7 @@ class OfflineEngine:
         step_ms = self.step_time_ms(self._step_shape(output, self.scheduler.requests))
         start_ms = max(self.now_ms, self.device_free_ms)
         self.device_free_ms = start_ms + step_ms
-        self.device_busy_ms += step_ms
+        self.result.device_busy_ms += step_ms
         return self.device_free_ms
 
     def _model(self, output: Any) -> dict[str, list[int]]:
@@ -442,13 +431,13 @@ class OfflineEngine:
             known_class, max(-_PRIORITY_LIMIT, min(_PRIORITY_LIMIT, offline.priority)),
         )
         timeline = Timeline(offline.req_id, slo_class, offline.arrival_ms)
-        self._timelines[offline.req_id] = timeline
+        self.result.timelines[offline.req_id] = timeline
         if offline.max_tokens < 1:
             # vLLM's frontend rejects a prompt that leaves no room to generate: so does the engine
             # (the observer forgets it; it never reached a scheduler).
             self.observer.finish(self.now_ms, handle, "abort", [])
             timeline.finish_reason = "rejected"
-            self._num_rejected += 1
+            self.result.num_rejected += 1
             self.progress(1)
             return
         init_none_hash(sha256)
@@ -471,7 +460,7 @@ class OfflineEngine:
         entry = self._live.get(req_id)
         if entry is not None:
             _phase, alarm = self.observer.on_preempted(self.now_ms, entry[2])
-            self._alarms += alarm
+            self.result.num_answer_preemption_alarms += alarm
 
     def _finish(self, req_id: str, reason: str) -> None:
         offline, timeline, handle = self._live.pop(req_id)

@@ -164,16 +164,6 @@ def replay_engine(
     )
 
 
-def replay_policy(
-    spec: PolicySpec,
-    requests: Sequence[OfflineRequest],
-    profile: Profile,
-    *,
-    meridian_config: dict[str, Any],
-    model_dir: Path,
-    progress: Callable[[int], None] | None = None,
-) -> ReplayResult:
-    """Replays ``requests`` under one policy on ``profile``."""
-    engine = replay_engine(spec, requests, profile, meridian_config=meridian_config, model_dir=model_dir,
-                           progress=progress)
-    return ReplayResult(spec.name, engine.run())
+def replay_policy(spec: PolicySpec, requests: Sequence[OfflineRequest], profile: Profile, **options: Any) -> ReplayResult:
+    """Replays ``requests`` under one policy on ``profile`` (``options``: ``replay_engine``'s)."""
+    return ReplayResult(spec.name, replay_engine(spec, requests, profile, **options).run())

@@ -23,6 +23,7 @@ import socket
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,6 +234,8 @@ class WorkerEndpoint:
             if self._sock is None:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
                 self._sock.setblocking(False)
+                # vLLM never shuts a logits processor down: the socket goes with the endpoint.
+                weakref.finalize(self, self._sock.close)
             self._sock.sendto(message, str(_socket_path(os.getppid())))
         except OSError as exc:
             if not self._warned:
