@@ -98,7 +98,7 @@ def main() -> int:
     from meridian.vllm import MeridianScheduler
 
     model = tiny_model_dir(REPO / ".cache")
-    schedulers = {"vllm": build(AsyncScheduler, model, args.running), "meridian": build(MeridianScheduler, model, args.running)}
+    schedulers = {"vllm-fcfs": build(AsyncScheduler, model, args.running), "meridian": build(MeridianScheduler, model, args.running)}
     for s in schedulers.values():
         fill(s, args.running)
         for _ in range(30):  # prefill everything, then settle into decode
@@ -109,7 +109,7 @@ def main() -> int:
     for _ in range(args.rounds):
         for name, s in schedulers.items():
             times[name].extend(step(s)[0] for _ in range(args.steps_per_round))
-    stock = statistics.median(times["vllm"]) * 1e6
+    stock = statistics.median(times["vllm-fcfs"]) * 1e6
     ours = statistics.median(times["meridian"]) * 1e6
     print(f"per-step schedule()+update_from_output() at {args.running} running requests "
           f"(median of {args.rounds * args.steps_per_round} steps, interleaved):")
