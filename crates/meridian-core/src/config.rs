@@ -14,6 +14,7 @@ use serde::de::{self, Deserializer};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+use crate::predictor::LearningRate;
 use crate::slo::{ClassId, SloClass, SloTargets};
 use crate::thinking::ThinkingControl;
 
@@ -147,14 +148,24 @@ struct RawConfig {
     think_kv_reserve: Option<f64>,
     aging_ms: Option<f64>,
     starvation_ms: Option<f64>,
+    late_wait_ttft_factor: Option<f64>,
     evict_reasoning_blocks: Option<ReasoningBlockRule>,
     tool_call_markers: Option<Vec<String>>,
     stall_factor: Option<f64>,
     think_tokens_prior: Option<Vec<u32>>,
     answer_tokens_prior: Option<Vec<u32>>,
+    predictor: Option<RawPredictor>,
     request_log_path: Option<String>,
     step_log_path: Option<String>,
     thinking_control: Option<ThinkingControl>,
+}
+
+/// Raw `predictor` block.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPredictor {
+    prior_weight: Option<f64>,
+    memory_requests: Option<f64>,
 }
 
 /// Validated configuration of the policy.
@@ -186,6 +197,10 @@ pub struct Config {
     pub aging_ms: f64,
     /// Waiting time after which a waiting request goes ahead of every new request.
     pub starvation_ms: f64,
+    /// A waiting request expected to miss its targets waits behind every request that can still
+    /// make its own for at most this many times its class's TTFT target (never past
+    /// `starvation_ms`), then goes ahead of every new request: the tail rule.
+    pub late_wait_ttft_factor: f64,
     /// Eviction rule for finished requests' reasoning blocks.
     pub evict_reasoning_blocks: ReasoningBlockRule,
     /// Strings whose tokens mark a tool call (resolved to ids by the shim's tokenizer; see
@@ -199,6 +214,11 @@ pub struct Config {
     pub think_tokens_prior: Vec<u32>,
     /// Answer lengths (tokens) that seed the remaining-answer predictor.
     pub answer_tokens_prior: Vec<u32>,
+    /// How fast the length predictors (one thinking and one answer predictor per class) move
+    /// from the priors to this server's finished requests (key `predictor`: `prior_weight`,
+    /// the priors' total weight in pseudo-observations, default 10; `memory_requests`, the
+    /// effective memory in finished requests of the class, default 2,000).
+    pub predictor: LearningRate,
     /// File the shim appends one JSON line to per finished request (its ledger), if set.
     pub request_log_path: Option<String>,
     /// File the shim appends one JSON line to per engine step (batch shape and measured time), for
@@ -352,6 +372,10 @@ impl Config {
             think_kv_reserve: fraction("think_kv_reserve", raw.think_kv_reserve.unwrap_or(0.0))?,
             aging_ms: positive("aging_ms", raw.aging_ms.unwrap_or(10_000.0))?,
             starvation_ms: positive("starvation_ms", raw.starvation_ms.unwrap_or(60_000.0))?,
+            late_wait_ttft_factor: positive(
+                "late_wait_ttft_factor",
+                raw.late_wait_ttft_factor.unwrap_or(5.0),
+            )?,
             evict_reasoning_blocks: raw.evict_reasoning_blocks.unwrap_or(ReasoningBlockRule::UnlessToolCall),
             tool_call_markers_explicit: raw.tool_call_markers.is_some(),
             tool_call_markers: raw
@@ -368,6 +392,7 @@ impl Config {
                 raw.answer_tokens_prior,
                 &DEFAULT_ANSWER_PRIOR,
             )?,
+            predictor: validate_predictor(raw.predictor.unwrap_or_default())?,
             request_log_path: log_path("request_log_path", raw.request_log_path)?,
             step_log_path: log_path("step_log_path", raw.step_log_path)?,
             thinking_control,
@@ -375,6 +400,18 @@ impl Config {
         };
         Ok(config)
     }
+}
+
+fn validate_predictor(raw: RawPredictor) -> Result<LearningRate> {
+    let defaults = LearningRate::default();
+    Ok(LearningRate {
+        prior_weight: positive("predictor.prior_weight", raw.prior_weight.unwrap_or(defaults.prior_weight))?,
+        memory_requests: at_least(
+            "predictor.memory_requests",
+            raw.memory_requests.unwrap_or(defaults.memory_requests),
+            1.0,
+        )?,
+    })
 }
 
 fn log_path(key: &str, path: Option<String>) -> Result<Option<String>> {

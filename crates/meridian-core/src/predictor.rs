@@ -1,28 +1,55 @@
-//! Remaining-length prediction for heavy-tailed phase lengths. Lengths go into a histogram of
-//! geometric buckets (seeded from a prior sample, then fed every finished request); the
-//! prediction is the mean residual life `E[L − a | L > a]` given the `a` tokens already
-//! generated. Under a heavy tail that residual grows with `a` — the shape that makes
-//! least-attained-service a good stand-in for shortest-remaining-first. Invariant: every
-//! prediction is a finite number of tokens ≥ 1, and a query costs O(1) (the per-bucket table is
-//! rebuilt at most once per observation batch).
+//! Remaining-length prediction for heavy-tailed phase lengths, as a distribution. Lengths go into
+//! a histogram of geometric buckets: the configured prior sample counts as `prior_weight`
+//! pseudo-observations in all, every finished request as one, and older observations decay with
+//! a memory of `memory_requests`, so this server's own traffic dominates after a few hundred
+//! completions and follows a shifting mix. From the histogram it answers, given the `a` tokens a
+//! request has already generated: the mean residual `E[L − a | L > a]` (KV sizing), a quantile of
+//! `L − a | L > a` (the remaining work a deadline decision plans for) and the probability that
+//! the rest fits in `n` more tokens (whether the request can still make its deadline). Within a
+//! bucket lengths are taken as spread log-uniformly; past the largest observed length a Pareto
+//! tail of index 2 is assumed (residual = attained). Invariants: every prediction is finite, a
+//! residual is ≥ 1 token, a probability lies in [0, 1] and is monotone in `n`; a query costs
+//! O(1) with no allocation (the per-bucket tables are rebuilt at most once per plan).
 
 /// Four buckets per power of two (edges at `2^e · (1 + k/4)`): 128 buckets span 1…2^32.
 const NUM_BUCKETS: usize = 128;
 /// Past the largest observed length, assume a Pareto tail with index 2: residual = attained.
 const TAIL_RESIDUAL_PER_ATTAINED: f64 = 1.0;
-/// Weight of old observations after each new one: an effective memory of ~2,000 requests, so the
-/// predictor follows the day's shifting mix (`traces/REASONING.md` §1a).
-const DECAY: f64 = 0.9995;
+/// Weight below which a bucket (or a tail) counts as empty.
+const EMPTY: f64 = 1e-12;
 
-/// Online mean-residual-life estimator over token lengths.
+/// How the prior and the server's own observations are weighed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LearningRate {
+    /// Total weight of the prior sample, in pseudo-observations.
+    pub prior_weight: f64,
+    /// Effective memory in finished requests: each new observation multiplies the weight of
+    /// everything before it (the prior included) by `1 − 1/memory_requests`.
+    pub memory_requests: f64,
+}
+
+impl Default for LearningRate {
+    fn default() -> Self {
+        Self { prior_weight: 10.0, memory_requests: 2000.0 }
+    }
+}
+
+/// Online estimator of a length distribution and its residuals.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResidualLength {
     weight: [f64; NUM_BUCKETS],
     weighted_len: [f64; NUM_BUCKETS],
-    /// Per bucket: expected residual when the attained length is the bucket's lower edge.
-    residual_at_bucket: [f64; NUM_BUCKETS],
+    /// Decay of every weight per observation.
+    decay: f64,
+    /// Per bucket: total weight of this bucket and every one above (the survival at its edge).
+    survival: [f64; NUM_BUCKETS],
     /// Per bucket: mean length of the lengths in this bucket and above (`None`: no weight there).
     tail_mean: [Option<f64>; NUM_BUCKETS],
+    /// Per bucket: the median and p90 of `L − e | L > e` at the bucket's lower edge `e`.
+    residual_p50: [f64; NUM_BUCKETS],
+    residual_p90: [f64; NUM_BUCKETS],
+    /// Index of the highest bucket with weight (`None` when empty).
+    top: Option<usize>,
     dirty: bool,
 }
 
@@ -41,18 +68,55 @@ fn lower_edge(b: usize) -> f64 {
     f64::from(2.0f32.powi(exponent)) * (1.0 + (b % 4) as f64 / 4.0)
 }
 
+/// Smallest length of the next bucket.
+fn upper_edge(b: usize) -> f64 {
+    if b + 1 < NUM_BUCKETS {
+        lower_edge(b + 1)
+    } else {
+        lower_edge(b) * 1.25
+    }
+}
+
+/// Quantiles the plan asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quantile {
+    /// The median.
+    P50,
+    /// The 90th percentile.
+    P90,
+}
+
+impl Quantile {
+    fn level(self) -> f64 {
+        match self {
+            Quantile::P50 => 0.5,
+            Quantile::P90 => 0.9,
+        }
+    }
+}
+
 impl ResidualLength {
-    /// An estimator seeded with `prior` (lengths in tokens, each weighted 1).
+    /// An estimator seeded with `prior` (lengths in tokens) at the default learning rate.
     pub fn new(prior: &[u32]) -> Self {
+        Self::with_rate(prior, LearningRate::default())
+    }
+
+    /// An estimator seeded with `prior` weighing `rate.prior_weight` in all.
+    pub fn with_rate(prior: &[u32], rate: LearningRate) -> Self {
         let mut p = Self {
             weight: [0.0; NUM_BUCKETS],
             weighted_len: [0.0; NUM_BUCKETS],
-            residual_at_bucket: [1.0; NUM_BUCKETS],
+            decay: 1.0 - 1.0 / rate.memory_requests.max(1.0),
+            survival: [0.0; NUM_BUCKETS],
             tail_mean: [None; NUM_BUCKETS],
+            residual_p50: [1.0; NUM_BUCKETS],
+            residual_p90: [1.0; NUM_BUCKETS],
+            top: None,
             dirty: true,
         };
+        let each = if prior.is_empty() { 0.0 } else { rate.prior_weight / prior.len() as f64 };
         for &len in prior {
-            p.add(len, 1.0);
+            p.add(len, each);
         }
         p.rebuild();
         p
@@ -60,9 +124,10 @@ impl ResidualLength {
 
     /// Feeds one finished request's length.
     pub fn observe(&mut self, len_tokens: u32) {
+        let decay = self.decay;
         for (w, wl) in self.weight.iter_mut().zip(self.weighted_len.iter_mut()) {
-            *w *= DECAY;
-            *wl *= DECAY;
+            *w *= decay;
+            *wl *= decay;
         }
         self.add(len_tokens, 1.0);
     }
@@ -77,9 +142,41 @@ impl ResidualLength {
         };
         if mean_beyond <= a {
             // Attained length already at the mean of its own bucket: fall back to the tail law.
-            return (a * TAIL_RESIDUAL_PER_ATTAINED).max(self.residual_at_bucket[b]).max(1.0);
+            return (a * TAIL_RESIDUAL_PER_ATTAINED).max(self.residual_p50[b]).max(1.0);
         }
         (mean_beyond - a).max(1.0)
+    }
+
+    /// The `q` quantile of the tokens still to come after `attained_tokens` (O(1): read at the
+    /// lower edge of the attained length's bucket, less what the request is already past it).
+    pub fn remaining_quantile(&self, attained_tokens: u32, q: Quantile) -> f64 {
+        let a = f64::from(attained_tokens);
+        let b = bucket_of(attained_tokens);
+        if self.tail_mean[b].is_none() {
+            return (a * TAIL_RESIDUAL_PER_ATTAINED).max(1.0);
+        }
+        let at_edge = match q {
+            Quantile::P50 => self.residual_p50[b],
+            Quantile::P90 => self.residual_p90[b],
+        };
+        (at_edge - (a - lower_edge(b))).max(1.0)
+    }
+
+    /// The probability that a request which has generated `attained_tokens` ends within
+    /// `more_tokens` more (its length is at most `attained + more`).
+    pub fn prob_within(&self, attained_tokens: u32, more_tokens: f64) -> f64 {
+        if more_tokens.is_nan() || more_tokens < 1.0 {
+            return 0.0;
+        }
+        let a = f64::from(attained_tokens);
+        let here = self.survival_at(a);
+        if here <= EMPTY {
+            // Past everything observed: the Pareto(2) tail, P(L ≤ x | L > a) = 1 − (a / x)².
+            let x = a.max(1.0) + more_tokens;
+            return (1.0 - (a.max(1.0) / x).powi(2)).clamp(0.0, 1.0);
+        }
+        let beyond = self.survival_at(a + more_tokens);
+        (1.0 - beyond / here).clamp(0.0, 1.0)
     }
 
     /// Mean length (the residual at zero).
@@ -87,7 +184,12 @@ impl ResidualLength {
         self.expected_remaining(0)
     }
 
-    /// Rebuilds the tail sums if observations arrived since the last rebuild.
+    /// Total weight of the histogram (prior pseudo-observations plus decayed observations).
+    pub fn total_weight(&self) -> f64 {
+        self.weight.iter().sum()
+    }
+
+    /// Rebuilds the tables if observations arrived since the last rebuild.
     pub fn refresh(&mut self) {
         if self.dirty {
             self.rebuild();
@@ -101,15 +203,71 @@ impl ResidualLength {
         self.dirty = true;
     }
 
+    /// The weight of lengths above `x` (log-uniform within a bucket).
+    fn survival_at(&self, x: f64) -> f64 {
+        let Some(top) = self.top else { return 0.0 };
+        let len = x.clamp(1.0, f64::from(u32::MAX)) as u32;
+        let b = bucket_of(len);
+        if b > top {
+            return 0.0;
+        }
+        let above = if b + 1 < NUM_BUCKETS { self.survival[b + 1] } else { 0.0 };
+        let (lo, hi) = (lower_edge(b), upper_edge(b));
+        let inside = ((hi.ln() - x.max(lo).ln()) / (hi.ln() - lo.ln())).clamp(0.0, 1.0);
+        above + self.weight[b] * inside
+    }
+
+    /// The length at which the survival falls to `target`, searching buckets upward from
+    /// `*cursor` (log-uniform within a bucket). Targets asked in increasing bucket order fall,
+    /// so the cursor only moves forward: a rebuild costs O(buckets), not O(buckets²).
+    fn length_where_survival_is(&self, cursor: &mut usize, target: f64) -> f64 {
+        let Some(top) = self.top else { return lower_edge(*cursor) };
+        while *cursor <= top {
+            let b = *cursor;
+            let above = if b + 1 < NUM_BUCKETS { self.survival[b + 1] } else { 0.0 };
+            if above <= target {
+                let w = self.weight[b];
+                let (lo, hi) = (lower_edge(b), upper_edge(b));
+                if w <= EMPTY {
+                    return lo;
+                }
+                let inside = ((target - above) / w).clamp(0.0, 1.0);
+                // survival = above + w · (ln hi − ln x) / (ln hi − ln lo)
+                return (hi.ln() - inside * (hi.ln() - lo.ln())).exp();
+            }
+            *cursor += 1;
+        }
+        upper_edge(top)
+    }
+
     fn rebuild(&mut self) {
         let mut sum_len = 0.0;
         let mut sum_w = 0.0;
+        self.top = None;
         for b in (0..NUM_BUCKETS).rev() {
             sum_len += self.weighted_len[b];
             sum_w += self.weight[b];
-            self.tail_mean[b] = (sum_w > 1e-12).then(|| sum_len / sum_w);
-            self.residual_at_bucket[b] =
-                if sum_w > 1e-12 { (sum_len / sum_w - lower_edge(b)).max(1.0) } else { 1.0 };
+            self.survival[b] = sum_w;
+            self.tail_mean[b] = (sum_w > EMPTY).then(|| sum_len / sum_w);
+            if self.top.is_none() && self.weight[b] > EMPTY {
+                self.top = Some(b);
+            }
+        }
+        let (mut cursor_p50, mut cursor_p90) = (0, 0);
+        for b in 0..NUM_BUCKETS {
+            let here = self.survival[b];
+            if here <= EMPTY {
+                self.residual_p50[b] = 1.0;
+                self.residual_p90[b] = 1.0;
+                continue;
+            }
+            let edge = lower_edge(b);
+            cursor_p50 = cursor_p50.max(b);
+            cursor_p90 = cursor_p90.max(b);
+            let x50 = self.length_where_survival_is(&mut cursor_p50, here * (1.0 - Quantile::P50.level()));
+            let x90 = self.length_where_survival_is(&mut cursor_p90, here * (1.0 - Quantile::P90.level()));
+            self.residual_p50[b] = (x50 - edge).max(1.0);
+            self.residual_p90[b] = (x90 - edge).max(1.0);
         }
         self.dirty = false;
     }
@@ -118,6 +276,30 @@ impl ResidualLength {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// A deterministic heavy-tailed sample: lengths `median · 2^z` for standard-normal-ish `z`.
+    fn lognormal_sample(median: f64, n: usize, seed: u64) -> Vec<u32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                let mut z = 0.0;
+                for _ in 0..12 {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    z += (state >> 11) as f64 / (1u64 << 53) as f64;
+                }
+                (median * (z - 6.0).exp2()).round().max(1.0) as u32
+            })
+            .collect()
+    }
+
+    fn quantile_of(sample: &[u32], q: f64) -> f64 {
+        let mut sorted = sample.to_vec();
+        sorted.sort_unstable();
+        f64::from(sorted[((sorted.len() - 1) as f64 * q).round() as usize])
+    }
 
     #[test]
     fn residual_grows_with_attained_under_a_heavy_tail() {
@@ -127,6 +309,7 @@ mod tests {
         assert!(early > 1.0);
         assert!(late > 1000.0, "late residual {late}");
         assert!(p.expected_remaining(100_000) >= 100_000.0);
+        assert!(p.remaining_quantile(3000, Quantile::P50) > p.remaining_quantile(0, Quantile::P50) / 2.0);
     }
 
     #[test]
@@ -147,6 +330,7 @@ mod tests {
             let b = bucket_of(len);
             assert!(b >= last && b < NUM_BUCKETS);
             assert!(lower_edge(b) <= f64::from(len), "{len} in bucket {b}");
+            assert!(f64::from(len) < upper_edge(b), "{len} below the next edge");
             last = b;
         }
         assert_eq!(bucket_of(u32::MAX), NUM_BUCKETS - 1);
@@ -156,8 +340,89 @@ mod tests {
     fn predictions_are_finite_and_at_least_one() {
         let p = ResidualLength::new(&[1]);
         for a in [0, 1, 2, 10, u32::MAX] {
-            let r = p.expected_remaining(a);
-            assert!(r.is_finite() && r >= 1.0, "{a} -> {r}");
+            for r in [
+                p.expected_remaining(a),
+                p.remaining_quantile(a, Quantile::P50),
+                p.remaining_quantile(a, Quantile::P90),
+            ] {
+                assert!(r.is_finite() && r >= 1.0, "{a} -> {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantiles_of_a_known_sample_match_it() {
+        let sample = lognormal_sample(400.0, 4000, 7);
+        let p =
+            ResidualLength::with_rate(&sample, LearningRate { prior_weight: 4000.0, memory_requests: 1e9 });
+        for (q, level) in [(Quantile::P50, 0.5), (Quantile::P90, 0.9)] {
+            let want = quantile_of(&sample, level);
+            let got = p.remaining_quantile(0, q) + 1.0;
+            assert!((got / want - 1.0).abs() < 0.1, "{q:?}: {got} vs {want}");
+        }
+        let median = quantile_of(&sample, 0.5);
+        let within = p.prob_within(0, median);
+        assert!((within - 0.5).abs() < 0.05, "P(L ≤ median) = {within}");
+    }
+
+    /// The check: a server whose answers and thinking are 10× shorter (or longer) than
+    /// the configured prior; after 200 finished requests the median and p90 are within 25 % of
+    /// the new truth.
+    #[test]
+    fn a_shifted_distribution_is_learnt_within_two_hundred_requests() {
+        let prior = lognormal_sample(500.0, 10, 1);
+        for scale in [0.1, 10.0] {
+            let truth = lognormal_sample(500.0 * scale, 20_000, 2);
+            let mut p = ResidualLength::new(&prior);
+            for &len in lognormal_sample(500.0 * scale, 200, 3).iter() {
+                p.observe(len);
+            }
+            p.refresh();
+            for (q, level) in [(Quantile::P50, 0.5), (Quantile::P90, 0.9)] {
+                let want = quantile_of(&truth, level);
+                let got = p.remaining_quantile(0, q) + 1.0;
+                assert!(
+                    (got / want - 1.0).abs() < 0.25,
+                    "scale {scale} {q:?}: predicted {got}, truth {want}"
+                );
+            }
+            let mean_truth = truth.iter().map(|&l| f64::from(l)).sum::<f64>() / truth.len() as f64;
+            assert!(
+                (p.mean() / mean_truth - 1.0).abs() < 0.35,
+                "scale {scale}: mean {} vs {mean_truth}",
+                p.mean()
+            );
+        }
+    }
+
+    #[test]
+    fn the_prior_counts_as_its_pseudo_weight() {
+        let p = ResidualLength::with_rate(
+            &[100, 200, 300],
+            LearningRate { prior_weight: 6.0, memory_requests: 100.0 },
+        );
+        assert!((p.total_weight() - 6.0).abs() < 1e-9);
+        let mut q = p.clone();
+        q.observe(50);
+        assert!((q.total_weight() - (6.0 * 0.99 + 1.0)).abs() < 1e-9);
+    }
+
+    proptest! {
+        #[test]
+        fn probabilities_are_in_range_and_monotone(
+            sample in prop::collection::vec(1u32..100_000, 1..50),
+            attained in 0u32..200_000,
+            a in 0.0f64..1e6,
+            b in 0.0f64..1e6,
+        ) {
+            let p = ResidualLength::new(&sample);
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            let (p_lo, p_hi) = (p.prob_within(attained, lo), p.prob_within(attained, hi));
+            prop_assert!((0.0..=1.0).contains(&p_lo) && (0.0..=1.0).contains(&p_hi));
+            prop_assert!(p_lo <= p_hi + 1e-12, "P(within {lo}) = {p_lo} > P(within {hi}) = {p_hi}");
+            let (m, q90) = (p.remaining_quantile(attained, Quantile::P50), p.remaining_quantile(attained, Quantile::P90));
+            prop_assert!(m.is_finite() && q90.is_finite() && m >= 1.0);
+            prop_assert!(q90 + 1e-9 >= m, "p90 {q90} below the median {m}");
         }
     }
 }

@@ -666,7 +666,8 @@ fn an_unknown_finish_reason_releases_the_request_as_an_error_and_learns_nothing(
     let mut core = engine();
     let (h, class) = core.add_request(new_request("a", None, 0)).unwrap();
     core.on_tokens(1.0, h, &[WORD, WORD, END, WORD, WORD]).unwrap();
-    let (think_len, answer_len) = (core.think_len.clone(), core.answer_len.clone());
+    let (think_len, answer_len) =
+        (core.lengths[class.index()].think.clone(), core.lengths[class.index()].answer.clone());
     let done = core.finish(2.0, h, "hallucination", &[]).unwrap();
     assert_eq!(done.reason, FinishReason::Error);
     assert_eq!(done.unknown_finish_reason.as_deref(), Some("hallucination"));
@@ -675,20 +676,22 @@ fn an_unknown_finish_reason_releases_the_request_as_an_error_and_learns_nothing(
     let stats = core.stats();
     assert_eq!((stats.num_finished, stats.num_unknown_finish_reasons), (1, 1));
     assert_eq!(core.class_counters()[class.index()].num_aborted, 1, "counted as an error");
-    assert_eq!(core.think_len, think_len, "the thinking predictor learnt nothing");
-    assert_eq!(core.answer_len, answer_len, "the answer predictor learnt nothing");
+    assert_eq!(core.lengths[class.index()].think, think_len, "the thinking predictor learnt nothing");
+    assert_eq!(core.lengths[class.index()].answer, answer_len, "the answer predictor learnt nothing");
     assert_eq!(done.never_reusable_from_token, Some(1), "its reasoning blocks go as an error's do");
 
     // The same request finished with vLLM's "error" teaches the thinking predictor (the thinking
     // did end) but not the answer one; "stop" teaches both.
     for (wire, learns_answer) in [("error", false), ("stop", true)] {
-        let (h, _) = core.add_request(new_request(wire, None, 0)).unwrap();
+        let (h, class) = core.add_request(new_request(wire, None, 0)).unwrap();
         core.on_tokens(1.0, h, &[WORD, WORD, END, WORD, WORD]).unwrap();
-        let (think_len, answer_len) = (core.think_len.clone(), core.answer_len.clone());
+        let lengths = &core.lengths[class.index()];
+        let (think_len, answer_len) = (lengths.think.clone(), lengths.answer.clone());
         let done = core.finish(2.0, h, wire, &[]).unwrap();
         assert_eq!(done.unknown_finish_reason, None);
-        assert_ne!(core.think_len, think_len, "{wire}");
-        assert_eq!(core.answer_len != answer_len, learns_answer, "{wire}");
+        let lengths = &core.lengths[class.index()];
+        assert_ne!(lengths.think, think_len, "{wire}");
+        assert_eq!(lengths.answer != answer_len, learns_answer, "{wire}");
     }
     assert_eq!(core.stats().num_unknown_finish_reasons, 1);
 }
@@ -797,4 +800,77 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn each_class_learns_its_own_lengths_and_the_answer_reserve_follows() {
+    // A server whose interactive answers are ~20 tokens (the prior's median is ~200): after 200
+    // completions the class's reserve for a fresh answer is a block or two, not the prior's
+    // ten; the standard class, which saw nothing, keeps the prior.
+    let mut core = engine();
+    let interactive = core.config().class_by_name("interactive").unwrap();
+    let standard = core.config().class_by_name("standard").unwrap();
+    let reserve_for = |core: &mut Meridian, class: &str| {
+        let (h, _) = core.add_request(new_request("probe-reserve", Some(class), 0)).unwrap();
+        core.on_tokens(1.0, h, &[END, WORD]).unwrap();
+        let plan = core.plan_step(2.0, &[h], &[], 1000).unwrap();
+        core.finish(3.0, h, "abort", &[]).unwrap();
+        plan.num_reserved_blocks
+    };
+    let before = reserve_for(&mut core, "interactive");
+    for i in 0..200 {
+        let (h, _) = core.add_request(new_request(&format!("r{i}"), Some("interactive"), 0)).unwrap();
+        let mut tokens = vec![WORD; 30];
+        tokens.push(END);
+        tokens.extend(std::iter::repeat_n(WORD, 18 + i % 5));
+        core.on_tokens(1.0, h, &tokens).unwrap();
+        core.finish(2.0, h, "stop", &[]).unwrap();
+    }
+    core.plan_step(3.0, &[], &[], 1000).unwrap();
+    let answer = &core.lengths[interactive.index()].answer;
+    let median = answer.remaining_quantile(0, Quantile::P50) + 1.0;
+    assert!((15.0..30.0).contains(&median), "interactive answer median {median}");
+    let after = reserve_for(&mut core, "interactive");
+    assert!(after < before, "the reserve follows the learnt answers: {before} -> {after} blocks");
+    assert_eq!(
+        core.lengths[standard.index()].answer.total_weight(),
+        ResidualLength::new(&[1]).total_weight()
+    );
+    assert_eq!(reserve_for(&mut core, "standard"), before, "the other class kept the prior");
+}
+
+#[test]
+fn a_late_waiting_request_yields_to_on_time_ones_only_up_to_its_class_bound() {
+    // Default classes: interactive TTFT 1 s; factor 3 → a late interactive request waits behind
+    // on-time requests of every class for at most 3 s, then goes ahead of every new one.
+    let config = Config::from_json(r#"{"late_wait_ttft_factor": 3, "aging_ms": 1e9}"#).unwrap();
+    let mut core = engine_with(config);
+    let late = add_class(&mut core, "late", 0.0, 16, Some("interactive"));
+    // At 1.5 s `late` can no longer make its 1 s TTFT; a fresh batch request still can.
+    let on_time = add_class(&mut core, "on-time", 1_400.0, 16, Some("batch"));
+    let plan = core.plan_step(1_500.0, &[], &[late, on_time], 1000).unwrap();
+    assert_eq!(plan.waiting_order, vec![1, 0], "late, so behind a lower class that can still make it");
+    // Two late requests: the one nearer its bound first.
+    let later = add_class(&mut core, "later", 1_000.0, 16, Some("interactive"));
+    let plan = core.plan_step(2_500.0, &[], &[later, on_time, late], 1000).unwrap();
+    assert_eq!(plan.waiting_order, vec![1, 2, 0]);
+    // Past 3 s of waiting it is ahead of every new request, whatever its class.
+    let fresh = add_class(&mut core, "fresh", 3_100.0, 16, Some("interactive"));
+    let plan = core.plan_step(3_100.0, &[], &[fresh, on_time, late], 1000).unwrap();
+    assert_eq!(plan.waiting_order[0], 2, "the bound lifts it");
+}
+
+#[test]
+fn the_tail_and_predictor_keys_are_validated() {
+    for (json, key) in [
+        (r#"{"late_wait_ttft_factor": 0}"#, "late_wait_ttft_factor"),
+        (r#"{"predictor": {"prior_weight": -1}}"#, "predictor.prior_weight"),
+        (r#"{"predictor": {"memory_requests": 0.5}}"#, "predictor.memory_requests"),
+    ] {
+        let err = Config::from_json(json).unwrap_err().to_string();
+        assert!(err.contains(&format!("`{key}`")), "{json}: {err}");
+    }
+    assert!(Config::from_json(r#"{"predictor": {"prior_weigth": 3}}"#).is_err(), "unknown keys are refused");
+    let c = Config::from_json(r#"{"predictor": {"prior_weight": 3, "memory_requests": 500}}"#).unwrap();
+    assert_eq!((c.predictor.prior_weight, c.predictor.memory_requests), (3.0, 500.0));
 }
