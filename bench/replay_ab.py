@@ -39,6 +39,11 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "traces"
 
 
+#: The FCFS ~50 % load of each workload as `fcfs_half_load` found it (deterministic: the other
+#: bench scripts replay there without searching again).
+HALF_LOAD = {"azure": 0.06099050286617136, "mooncake": 0.41843276745728586}
+
+
 @dataclass(frozen=True)
 class Workload:
     name: str
@@ -115,12 +120,21 @@ def verdicts(summaries: dict[str, dict]) -> list[str]:
     g_fcfs = ratio(ours["goodput_rps"], fcfs["goodput_rps"])
     t_fcfs = ratio(ours["throughput_tok_s"], fcfs["throughput_tok_s"])
     g_best = ratio(ours["goodput_rps"], best_other["goodput_rps"])
-    return [
+    lines = [
         f"goodput vs FCFS          {g_fcfs:5.2f}×  (target ≥ 1.5)  {'met' if g_fcfs >= 1.5 else 'MISSED'}",
-        f"throughput vs FCFS       {t_fcfs:5.3f}×  (target ≥ 0.97) {'met' if t_fcfs >= 0.97 else 'MISSED'}",
+        f"throughput vs FCFS       {t_fcfs:5.3f}×  (target ≥ 0.99) {'met' if t_fcfs >= 0.99 else 'MISSED'}",
         f"answer-phase stalls      {ours['stalls']:5d}   (target 0)      {'met' if ours['stalls'] == 0 else 'MISSED'}",
         f"goodput vs best baseline {g_best:5.2f}×  ({best_other['policy']}; target ≥ 1.2) {'met' if g_best >= 1.2 else 'MISSED'}",
     ]
+    # The tail: no class's TTFT p99 or TTFAT p99 worse than FCFS's.
+    for name in sorted(ours["per_class"]):
+        mine, base = ours["per_class"][name], fcfs["per_class"][name]
+        for metric in ("ttft_ms", "ttfat_ms"):
+            got, ref = mine[metric]["p99"], base[metric]["p99"]
+            ok = got is not None and ref is not None and got <= ref
+            lines.append(f"{name:<12} {metric[:-3]:>5} p99 {got / 1e3 if got else float('nan'):7.1f} s vs FCFS "
+                         f"{ref / 1e3 if ref else float('nan'):7.1f} s  {'met' if ok else 'MISSED'}")
+    return lines
 
 
 def main() -> int:

@@ -24,13 +24,12 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_ab import workloads  # noqa: E402
+from replay_ab import HALF_LOAD, workloads  # noqa: E402
 
 from meridian.replay.report import table  # noqa: E402
 from meridian.replay.runner import default_meridian_config, run_replay  # noqa: E402
 
 #: FCFS ~50 % load per workload, from bench/results/replay_ab_2026-11-29.json.
-HALF_LOAD = {"azure": 0.06099050286617136, "mooncake": 0.41843276745728586}
 SETTINGS = {
     "no control": None,
     "budget 2048": {"budget_tokens": 2048},

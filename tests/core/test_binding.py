@@ -225,3 +225,14 @@ def test_version_check_names_both_versions() -> None:
     for bad in ("0.31.2", "0.34.0", "1.0.0", "garbage"):
         with pytest.raises(UnsupportedVllmError, match=bad.split("+")[0]):
             check_vllm_version(bad)
+
+
+def test_config_exposes_the_length_priors_and_validates_the_predictor_keys() -> None:
+    think, answer = Config.from_json('{"think_tokens_prior": [5, 7], "answer_tokens_prior": [3]}').length_priors
+    assert (think, answer) == ([5, 7], [3])
+    default_think, default_answer = Config.from_json("{}").length_priors
+    assert len(default_think) == len(default_answer) == 10
+    with pytest.raises(ConfigError, match="predictor.memory_requests"):
+        Config.from_json('{"predictor": {"memory_requests": 0}}')
+    with pytest.raises(ConfigError, match="late_wait_ttft_factor"):
+        Config.from_json('{"late_wait_ttft_factor": -2}')

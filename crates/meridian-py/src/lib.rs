@@ -59,6 +59,12 @@ impl PyConfig {
         self.inner.tool_call_markers.clone()
     }
 
+    /// The length samples (tokens) seeding the predictors: `(thinking, answer)`.
+    #[getter]
+    fn length_priors(&self) -> (Vec<u32>, Vec<u32>) {
+        (self.inner.think_tokens_prior.clone(), self.inner.answer_tokens_prior.clone())
+    }
+
     /// Where the shim appends one JSON line per finished request, if configured.
     #[getter]
     fn request_log_path(&self) -> Option<String> {
