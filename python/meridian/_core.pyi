@@ -80,6 +80,10 @@ class StepPlan:
     @property
     def held(self) -> list[int]:
         """Indices into ``running`` that skip this step (paced answers), ascending."""
+    @property
+    def preempt(self) -> list[int]:
+        """Indices into ``running`` to preempt before vLLM schedules (preemption on arrival),
+        ascending; ``num_admissible`` already counts the room they free."""
 
 @final
 class FinishedRequest:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from meridian._core import Config
 from meridian.errors import ConfigError
 from meridian.demo.scripted import SCENARIO_MERIDIAN_CONFIG, Scenario, run_scenario, scenario_requests
 from meridian.offline.engine import EngineSpec, OfflineEngine, OfflineRequest, build_scheduler, scripted_request
@@ -255,3 +256,45 @@ def test_the_scheduler_stamps_the_class_the_core_resolved(tiny_model: Path) -> N
     assert {r: e[RESOLVED_CLASS_ARG] for r, e in stamped.items()} == {
         "named": "batch", "by-priority": "interactive", "default": "standard"}
     assert all(e[REQ_ID_ARG] == r for r, e in stamped.items())
+
+
+ARRIVAL_CONFIG: dict[str, Any] = {
+    "classes": {
+        "interactive": {"ttft_ms": 20.0, "ttfat_ms": 300.0, "answer_tpot_ms": 2.0, "rank": 0},
+        "batch": {"ttft_ms": 1000.0, "ttfat_ms": 100000.0, "answer_tpot_ms": 50.0, "rank": 2},
+    },
+    "default_class": "batch",
+    "priority_map": {"0": "batch"},
+    "step_time": SCENARIO_MERIDIAN_CONFIG["step_time"],
+}
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_an_interactive_arrival_preempts_batch_thinking_through_vllms_own_path(tiny_model: Path, enabled: bool) -> None:
+    # Two seats, both taken by long-thinking batch requests; an interactive request arrives at
+    # 5 ms (TTFT target 20 ms). Past half its target it makes a batch request yield its seat.
+    requests = [
+        scripted_request("batch-a", 0, WORD_IDS[:8], reasoning_script(200, 5), slo_class="batch"),
+        scripted_request("batch-b", 0, WORD_IDS[:16], reasoning_script(200, 5, seed=1), slo_class="batch"),
+        scripted_request("urgent", 5, WORD_IDS[:8], reasoning_script(3, 3, seed=2), slo_class="interactive"),
+    ]
+    config = {**ARRIVAL_CONFIG, "arrival_preemption": {"enabled": enabled}}
+    scheduler = build_scheduler(
+        schedulers()["meridian"], spec(tiny_model, max_num_seqs=2, num_blocks=200, additional_config={"meridian": config})
+    )
+    result = OfflineEngine(scheduler, requests, observer_config=Config.from_json(json.dumps(ARRIVAL_CONFIG))).run()
+    for r in requests:
+        assert result.timelines[r.req_id].output_token_ids == scripted_tokens(r), "a victim resumes exactly"
+        assert result.timelines[r.req_id].finish_reason == "stop"
+    assert result.final_num_free_blocks == result.max_num_free_blocks, "nothing leaks"
+    reports = {r.req_id: r for r in scheduler.finished_reports}
+    urgent_ttft = reports["urgent"].ttft_ms
+    preempted = sum(reports[b].num_preemptions_think for b in ("batch-a", "batch-b"))
+    if enabled:
+        assert scheduler.meridian.stats()["num_arrival_preemptions"] == preempted == 1
+        assert reports["batch-a"].num_preemptions_think == 0, "batch-b has more slack net of its recompute"
+        assert urgent_ttft is not None and urgent_ttft < 20.0, "the urgent request makes its TTFT target"
+        assert result.num_answer_preemption_alarms == 0
+    else:
+        assert scheduler.meridian.stats()["num_arrival_preemptions"] == preempted == 0
+        assert urgent_ttft is not None and urgent_ttft > 150.0, "without the rule it waits for a seat"

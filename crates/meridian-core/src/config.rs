@@ -155,9 +155,39 @@ struct RawConfig {
     think_tokens_prior: Option<Vec<u32>>,
     answer_tokens_prior: Option<Vec<u32>>,
     predictor: Option<RawPredictor>,
+    arrival_preemption: Option<RawArrivalPreemption>,
     request_log_path: Option<String>,
     step_log_path: Option<String>,
     thinking_control: Option<ThinkingControl>,
+}
+
+/// Raw `arrival_preemption` block.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawArrivalPreemption {
+    enabled: Option<bool>,
+    min_interval_ms: Option<f64>,
+    max_per_step: Option<u32>,
+}
+
+/// Preemption on arrival (key `arrival_preemption`): when the most urgent waiting request cannot
+/// be admitted because seats or KV blocks are held by lower-class work, and it has used up half
+/// of its TTFT target waiting, the plan preempts lower-class thinking requests (most slack net
+/// of their recompute cost first; never an answering one) to make room.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ArrivalPreemption {
+    /// Whether the rule runs (default true).
+    pub enabled: bool,
+    /// A request is not preempted on arrival again within this long (default 10 s).
+    pub min_interval_ms: f64,
+    /// At most this many victims per step (default 2).
+    pub max_per_step: u32,
+}
+
+impl Default for ArrivalPreemption {
+    fn default() -> Self {
+        Self { enabled: true, min_interval_ms: 10_000.0, max_per_step: 2 }
+    }
 }
 
 /// Raw `predictor` block.
@@ -219,6 +249,8 @@ pub struct Config {
     /// the priors' total weight in pseudo-observations, default 10; `memory_requests`, the
     /// effective memory in finished requests of the class, default 2,000).
     pub predictor: LearningRate,
+    /// Preemption on arrival.
+    pub arrival_preemption: ArrivalPreemption,
     /// File the shim appends one JSON line to per finished request (its ledger), if set.
     pub request_log_path: Option<String>,
     /// File the shim appends one JSON line to per engine step (batch shape and measured time), for
@@ -393,6 +425,7 @@ impl Config {
                 &DEFAULT_ANSWER_PRIOR,
             )?,
             predictor: validate_predictor(raw.predictor.unwrap_or_default())?,
+            arrival_preemption: validate_arrival_preemption(raw.arrival_preemption.unwrap_or_default())?,
             request_log_path: log_path("request_log_path", raw.request_log_path)?,
             step_log_path: log_path("step_log_path", raw.step_log_path)?,
             thinking_control,
@@ -400,6 +433,21 @@ impl Config {
         };
         Ok(config)
     }
+}
+
+fn validate_arrival_preemption(raw: RawArrivalPreemption) -> Result<ArrivalPreemption> {
+    let defaults = ArrivalPreemption::default();
+    Ok(ArrivalPreemption {
+        enabled: raw.enabled.unwrap_or(defaults.enabled),
+        min_interval_ms: non_negative(
+            "arrival_preemption.min_interval_ms",
+            raw.min_interval_ms.unwrap_or(defaults.min_interval_ms),
+        )?,
+        max_per_step: positive_u32(
+            "arrival_preemption.max_per_step",
+            raw.max_per_step.unwrap_or(defaults.max_per_step),
+        )?,
+    })
 }
 
 fn validate_predictor(raw: RawPredictor) -> Result<LearningRate> {

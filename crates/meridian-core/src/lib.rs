@@ -39,7 +39,7 @@ pub mod step_model;
 pub mod thinking;
 pub mod thinking_stream;
 
-pub use config::{Config, Policy, ReasoningBlockRule, StepTimeProfile};
+pub use config::{ArrivalPreemption, Config, Policy, ReasoningBlockRule, StepTimeProfile};
 pub use error::{Error, Result};
 pub use ledger::{
     Attainment, ClassCounters, FinishReason, PhaseCounts, PhaseCountsU64, RequestLedger, RequestMetrics,

@@ -102,6 +102,10 @@ pub struct StepPlan {
     /// Indices into `running` of requests that must not be scheduled this step (paced answers
     /// under the `pascal` policy; always empty otherwise), ascending.
     pub held: Vec<u32>,
+    /// Indices into `running` of requests to preempt before vLLM schedules the step, to make room
+    /// for a more important waiting request (preemption on arrival); `num_admissible` already
+    /// counts the seats and blocks they free. Thinking (or still prefilling) requests only.
+    pub preempt: Vec<u32>,
 }
 
 /// What a preemption meant.
@@ -158,6 +162,8 @@ pub struct SchedulerStats {
     pub num_probes: u64,
     /// Prompt tokens of those probes (their cost before prefix-cache hits).
     pub num_probe_prompt_tokens: u64,
+    /// Running requests the plan preempted on arrival of a more important one.
+    pub num_arrival_preemptions: u64,
     /// Requests finished with a finish reason the core does not know (each also counts in
     /// `num_finished`, as [`FinishReason::Error`]; probes are not counted).
     pub num_unknown_finish_reasons: u64,
@@ -175,6 +181,8 @@ struct Tracked {
     ledger: RequestLedger,
     preempted: bool,
     waiting_since_ms: f64,
+    /// When a plan last preempted it on arrival of another request.
+    arrival_preempted_ms: Option<f64>,
     /// An internal EAT probe: scheduled like any request of its class, never counted or learnt
     /// from, and its blocks (the parent's reasoning) are not reported never-reusable.
     probe: bool,
@@ -200,6 +208,8 @@ struct Hot {
     /// Latest token, or the arrival when none has come yet.
     last_token_ms: f64,
     waiting_since_ms: f64,
+    /// When a plan last preempted it on arrival (−∞: never).
+    arrival_preempted_ms: f64,
     num_tokens: u32,
     num_output_tokens: u32,
     max_tokens: u32,
@@ -221,6 +231,7 @@ impl Hot {
             arrival_ms: r.ledger.arrival_ms,
             last_token_ms: r.ledger.last_token_ms.unwrap_or(r.ledger.arrival_ms),
             waiting_since_ms: r.waiting_since_ms,
+            arrival_preempted_ms: r.arrival_preempted_ms.unwrap_or(f64::NEG_INFINITY),
             num_tokens: r.num_tokens(),
             num_output_tokens: r.num_output_tokens,
             max_tokens: r.max_tokens,
@@ -462,6 +473,7 @@ impl Meridian {
             ledger: RequestLedger::new(arrival_ms),
             preempted: false,
             waiting_since_ms: arrival_ms,
+            arrival_preempted_ms: None,
             probe: false,
         };
         let handle = self.insert(tracked);
@@ -521,8 +533,21 @@ impl Meridian {
         let running_order = self.order_running(now_ms, running, decode_step_ms);
         let waiting_order = self.order_waiting(now_ms, waiting, decode_step_ms);
         let num_reserved_blocks = load.num_reserved_blocks;
-        let num_admissible =
-            self.num_admissible(waiting, &waiting_order, num_free_blocks, num_reserved_blocks, running.len());
+        let (preempt, freed_blocks) = self.arrival_victims(
+            now_ms,
+            running,
+            waiting,
+            &waiting_order,
+            num_free_blocks.saturating_sub(num_reserved_blocks),
+            decode_step_ms,
+        );
+        let num_admissible = self.num_admissible(
+            waiting,
+            &waiting_order,
+            num_free_blocks.saturating_add(freed_blocks),
+            num_reserved_blocks,
+            running.len() - preempt.len(),
+        );
         let token_budget = self.token_budget(&load);
         let held = self.paced_out(now_ms, running, decode_step_ms);
         self.num_thinking_in_step = running.len() as u32 - load.num_answering;
@@ -537,6 +562,7 @@ impl Meridian {
             token_budget,
             num_reserved_blocks,
             held,
+            preempt,
         })
     }
 
@@ -881,6 +907,88 @@ impl Meridian {
         }
         load.num_reserved_blocks = reserve.min(u64::from(u32::MAX)) as u32;
         load
+    }
+
+    /// Preemption on arrival (nano-vllm-qos; vLLM #40004, where vLLM never preempts running work
+    /// to admit a waiting request): when the most urgent waiting request cannot be admitted (no
+    /// seat, or not enough KV blocks), has not started, and has waited through half of its
+    /// class's TTFT target, running requests of a lower class make room — thinking or still
+    /// prefilling ones only, never an answering one; most slack net of their recompute cost
+    /// (the step-time model's time to recompute their tokens) first; none preempted on arrival
+    /// within `min_interval_ms` of the last time; at most `max_per_step`. Returns the victims'
+    /// indices into `running` (ascending) and the blocks they free.
+    fn arrival_victims(
+        &mut self,
+        now_ms: f64,
+        running: &[ReqHandle],
+        waiting: &[ReqHandle],
+        order: &[u32],
+        blocks_available: u32,
+        step_ms: f64,
+    ) -> (Vec<u32>, u32) {
+        let rule = self.config.arrival_preemption;
+        let Some(&head) = order.first() else { return (Vec::new(), 0) };
+        if !rule.enabled || self.config.policy != Policy::Meridian {
+            return (Vec::new(), 0);
+        }
+        let w = self.hot(waiting[head as usize]);
+        let block_size = u64::from(self.limits.block_size);
+        let need_blocks = (u64::from(w.num_tokens) + 1).div_ceil(block_size);
+        let need_seat = running.len() >= self.limits.max_num_seqs as usize;
+        let mut missing_blocks = need_blocks.saturating_sub(u64::from(blocks_available));
+        let (w_rank, w_targets) = (self.class_table[w.class.index()].1, self.targets(w.class));
+        let waited_ms = now_ms - w.arrival_ms;
+        if w.has_started
+            || w.preempted
+            || (!need_seat && missing_blocks == 0)
+            || waited_ms < 0.5 * w_targets.ttft_ms
+        {
+            return (Vec::new(), 0);
+        }
+        let mut candidates: Vec<(f64, u32)> = running
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &h)| {
+                let r = self.hot(h);
+                let lower_class = self.class_table[r.class.index()].1 > w_rank;
+                let rested = now_ms - r.arrival_preempted_ms >= rule.min_interval_ms;
+                (lower_class && rested && r.phase != Phase::Answer).then(|| {
+                    let recompute_ms = self
+                        .step_model
+                        .predict_ms(StepShape { num_prefill_tokens: r.num_tokens, ..StepShape::default() });
+                    let slack_ms = self.think_slack_ms(now_ms, r, &self.targets(r.class), step_ms);
+                    (slack_ms - recompute_ms, i as u32)
+                })
+            })
+            .collect();
+        // Most slack net of recompute first; ties to the later position (vLLM's own victim end).
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+        let mut victims = Vec::new();
+        let mut freed = 0u64;
+        for &(_, i) in &candidates {
+            if victims.len() as u32 >= rule.max_per_step || (!victims.is_empty() && missing_blocks == 0) {
+                break;
+            }
+            let h = running[i as usize];
+            let blocks = u64::from(self.hot(h).num_tokens).div_ceil(block_size);
+            victims.push(i);
+            freed += blocks;
+            missing_blocks = missing_blocks.saturating_sub(blocks);
+        }
+        if missing_blocks > 0 {
+            // The victims allowed would not make room: preempting them would only waste work.
+            return (Vec::new(), 0);
+        }
+        for &i in &victims {
+            let h = running[i as usize];
+            if let Some(r) = self.slots[h.slot()].request.as_mut() {
+                r.arrival_preempted_ms = Some(now_ms);
+            }
+            self.refresh_hot(h);
+        }
+        self.stats.num_arrival_preemptions += victims.len() as u64;
+        victims.sort_unstable();
+        (victims, freed.min(u64::from(u32::MAX)) as u32)
     }
 
     fn num_admissible(

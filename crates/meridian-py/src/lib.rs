@@ -122,6 +122,7 @@ struct PyStepPlan {
     token_budget: u32,
     num_reserved_blocks: u32,
     held: Vec<u32>,
+    preempt: Vec<u32>,
 }
 
 /// A finished request's report.
@@ -237,6 +238,7 @@ impl PyMeridian {
             token_budget: plan.token_budget,
             num_reserved_blocks: plan.num_reserved_blocks,
             held: plan.held,
+            preempt: plan.preempt,
         })
     }
 
@@ -362,6 +364,7 @@ impl PyMeridian {
         d.set_item("num_step_samples", s.num_step_samples)?;
         d.set_item("num_probes", s.num_probes)?;
         d.set_item("num_probe_prompt_tokens", s.num_probe_prompt_tokens)?;
+        d.set_item("num_arrival_preemptions", s.num_arrival_preemptions)?;
         d.set_item("num_unknown_finish_reasons", s.num_unknown_finish_reasons)?;
         Ok(d)
     }

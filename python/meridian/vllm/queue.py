@@ -41,6 +41,14 @@ class MeridianWaitingQueue(RequestQueue):
         self._items = deque(items[i] for i in order)
         self._allowance = num_admissible
 
+    def defer(self, requests: list[Request], position: int) -> None:
+        """Moves ``requests`` (already in the queue) to ``position``, in their order: requests the
+        plan preempted on arrival go right after the ones it admits this step."""
+        moved = set(map(id, requests))
+        kept = [r for r in self._items if id(r) not in moved]
+        position = min(position, len(kept))
+        self._items = deque([*kept[:position], *requests, *kept[position:]])
+
     def close_gate(self) -> None:
         """Lifts the allowance after the step (vLLM code outside ``schedule()`` sees plain FCFS)."""
         self._allowance = None

@@ -134,11 +134,13 @@ class MeridianScheduler(AsyncScheduler):
         )
         running = self.running
         held = [running[i] for i in plan.held]
-        held_ids = {id(r) for r in held}
+        victims = [running[i] for i in plan.preempt]
+        set_aside = {id(r) for r in held} | {id(r) for r in victims}
         # Held requests sit the step out: vLLM only schedules (and only preempts) what is in
         # `running`, so they keep their KV and rejoin at the back right after.
-        self.running = [r for i in plan.running_order if id(r := running[i]) not in held_ids]
+        self.running = [r for i in plan.running_order if id(r := running[i]) not in set_aside]
         self.waiting.apply_plan(plan.waiting_order, plan.num_admissible)
+        self._preempt_on_arrival(victims, plan.num_admissible)
         self.max_num_scheduled_tokens = plan.token_budget
         try:
             output = super().schedule(throttle_prefills)
@@ -197,6 +199,17 @@ class MeridianScheduler(AsyncScheduler):
         self.waiting = MeridianWaitingQueue(self.waiting)
         holding = list(self.kv_holding_waiting)
         self.kv_holding_waiting = MeridianWaitingQueue(holding)
+
+    def _preempt_on_arrival(self, victims: list[Request], num_admissible: int) -> None:
+        # vLLM's own preemption path (blocks freed, in-flight output marked stale, the id
+        # reported in this step's `preempted_req_ids`), then the victims queue right behind the
+        # requests they made room for.
+        if not victims:
+            return
+        timestamp = time.monotonic()
+        for request in victims:
+            self._preempt_request(request, timestamp)
+        self.waiting.defer(victims, num_admissible)
 
     def _record_preemptions(self, req_ids: Iterable[str]) -> None:
         now_ms = self.clock_ms()

@@ -874,3 +874,66 @@ fn the_tail_and_predictor_keys_are_validated() {
     let c = Config::from_json(r#"{"predictor": {"prior_weight": 3, "memory_requests": 500}}"#).unwrap();
     assert_eq!((c.predictor.prior_weight, c.predictor.memory_requests), (3.0, 500.0));
 }
+
+fn engine_with_seats(config: &str, max_num_seqs: u32) -> Meridian {
+    let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 8192, max_num_seqs };
+    let markers = ReasoningMarkers::new(vec![THINK], vec![END], vec![vec![TOOL]]);
+    Meridian::new(Config::from_json(config).unwrap(), limits, markers).unwrap()
+}
+
+#[test]
+fn a_waiting_request_of_a_higher_class_preempts_lower_class_thinking_on_arrival() {
+    // Two seats, both held by thinking batch requests; an interactive request (TTFT 1 s) waits.
+    let mut core = engine_with_seats("{}", 2);
+    // Same thinking so far, so the same slack; `long` would cost a 3,000-token recompute.
+    let old = add_class(&mut core, "long", 0.0, 3000, Some("batch"));
+    let young = add_class(&mut core, "short", 0.0, 16, Some("batch"));
+    think(&mut core, 10.0, old, 10);
+    think(&mut core, 10.0, young, 10);
+    let urgent = add_class(&mut core, "urgent", 100.0, 16, Some("interactive"));
+    let plan = core.plan_step(400.0, &[old, young], &[urgent], 1000).unwrap();
+    assert!(plan.preempt.is_empty(), "within half its TTFT target it waits for a seat");
+    assert_eq!(plan.num_admissible, 0);
+    let plan = core.plan_step(700.0, &[old, young], &[urgent], 1000).unwrap();
+    // `short` has the most slack net of recompute.
+    assert_eq!(plan.preempt, vec![1], "one victim frees the seat");
+    assert_eq!(plan.num_admissible, 1, "the seat it frees admits the waiting request");
+    assert_eq!(core.stats().num_arrival_preemptions, 1);
+    // The shim preempts it; vLLM reports it; it is not preempted on arrival again within 10 s.
+    core.on_preempted(700.0, young).unwrap();
+    // Readmitted beside the interactive request, it is spared while it rests, and `long` yields.
+    think(&mut core, 800.0, young, 1);
+    let urgent2 = add_class(&mut core, "urgent2", 700.0, 16, Some("interactive"));
+    let plan = core.plan_step(1_300.0, &[urgent, young], &[urgent2], 1000).unwrap();
+    assert!(plan.preempt.is_empty(), "the only lower-class request was preempted on arrival 0.6 s ago");
+    let plan = core.plan_step(1_300.0, &[old, young], &[urgent2], 1000).unwrap();
+    assert_eq!(plan.preempt, vec![0], "`long` yields; the rested `short` does not");
+}
+
+#[test]
+fn arrival_preemption_spares_answers_equals_and_the_disabled() {
+    // Answering lower-class requests are never preempted on arrival.
+    let mut core = engine_with_seats("{}", 1);
+    let answering = add_class(&mut core, "answering", 0.0, 16, Some("batch"));
+    core.on_tokens(5.0, answering, &[WORD, END, WORD]).unwrap();
+    let urgent = add_class(&mut core, "urgent", 0.0, 16, Some("interactive"));
+    assert!(core.plan_step(900.0, &[answering], &[urgent], 1000).unwrap().preempt.is_empty());
+    // Same class: no preemption.
+    let mut core = engine_with_seats("{}", 1);
+    let peer = add_class(&mut core, "peer", 0.0, 16, Some("interactive"));
+    think(&mut core, 5.0, peer, 3);
+    let urgent = add_class(&mut core, "urgent", 0.0, 16, Some("interactive"));
+    assert!(core.plan_step(900.0, &[peer], &[urgent], 1000).unwrap().preempt.is_empty());
+    // Disabled.
+    let mut core = engine_with_seats(r#"{"arrival_preemption": {"enabled": false}}"#, 1);
+    let low = add_class(&mut core, "low", 0.0, 16, Some("batch"));
+    think(&mut core, 5.0, low, 3);
+    let urgent = add_class(&mut core, "urgent", 0.0, 16, Some("interactive"));
+    assert!(core.plan_step(900.0, &[low], &[urgent], 1000).unwrap().preempt.is_empty());
+    // Not enough room even with every allowed victim: nothing is wasted.
+    let mut core = engine_with_seats(r#"{"arrival_preemption": {"max_per_step": 1}}"#, 8);
+    let low = add_class(&mut core, "low", 0.0, 16, Some("batch"));
+    think(&mut core, 5.0, low, 3);
+    let big = add_class(&mut core, "big", 0.0, 4000, Some("interactive"));
+    assert!(core.plan_step(900.0, &[low], &[big], 10).unwrap().preempt.is_empty());
+}
