@@ -258,14 +258,14 @@ def test_the_scheduler_stamps_the_class_the_core_resolved(tiny_model: Path) -> N
     assert all(e[REQ_ID_ARG] == r for r, e in stamped.items())
 
 
+def slo_class(ttft_ms: float, ttfat_ms: float, answer_tpot_ms: float, rank: int) -> dict[str, float]:
+    return {"ttft_ms": ttft_ms, "ttfat_ms": ttfat_ms, "answer_tpot_ms": answer_tpot_ms, "rank": rank}
+
+
+#: Targets in steps: an interactive class that cannot wait and a batch class that can.
 ARRIVAL_CONFIG: dict[str, Any] = {
-    "classes": {
-        "interactive": {"ttft_ms": 20.0, "ttfat_ms": 300.0, "answer_tpot_ms": 2.0, "rank": 0},
-        "batch": {"ttft_ms": 1000.0, "ttfat_ms": 100000.0, "answer_tpot_ms": 50.0, "rank": 2},
-    },
-    "default_class": "batch",
-    "priority_map": {"0": "batch"},
-    "step_time": SCENARIO_MERIDIAN_CONFIG["step_time"],
+    "classes": {"interactive": slo_class(20, 300, 2, 0), "batch": slo_class(1000, 100_000, 50, 2)},
+    "default_class": "batch", "priority_map": {"0": "batch"}, "step_time": SCENARIO_MERIDIAN_CONFIG["step_time"],
 }
 
 

@@ -843,8 +843,7 @@ fn each_class_learns_its_own_lengths_and_the_answer_reserve_follows() {
 fn a_late_waiting_request_yields_to_on_time_ones_only_up_to_its_class_bound() {
     // Default classes: interactive TTFT 1 s; factor 3 → a late interactive request waits behind
     // on-time requests of every class for at most 3 s, then goes ahead of every new one.
-    let config = Config::from_json(r#"{"late_wait_ttft_factor": 3, "aging_ms": 1e9}"#).unwrap();
-    let mut core = engine_with(config);
+    let mut core = engine_with_seats(r#"{"late_wait_ttft_factor": 3, "aging_ms": 1e9}"#, 256);
     let late = add_class(&mut core, "late", 0.0, 16, Some("interactive"));
     // At 1.5 s `late` can no longer make its 1 s TTFT; a fresh batch request still can.
     let on_time = add_class(&mut core, "on-time", 1_400.0, 16, Some("batch"));
