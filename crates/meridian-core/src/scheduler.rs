@@ -945,32 +945,15 @@ impl Meridian {
         {
             return (Vec::new(), 0);
         }
-        let mut candidates: Vec<(f64, u32)> = running
-            .iter()
-            .enumerate()
-            .filter_map(|(i, &h)| {
-                let r = self.hot(h);
-                let lower_class = self.class_table[r.class.index()].1 > w_rank;
-                let rested = now_ms - r.arrival_preempted_ms >= rule.min_interval_ms;
-                (lower_class && rested && r.phase != Phase::Answer).then(|| {
-                    let recompute_ms = self
-                        .step_model
-                        .predict_ms(StepShape { num_prefill_tokens: r.num_tokens, ..StepShape::default() });
-                    let slack_ms = self.think_slack_ms(now_ms, r, &self.targets(r.class), step_ms);
-                    (slack_ms - recompute_ms, i as u32)
-                })
-            })
-            .collect();
-        // Most slack net of recompute first; ties to the later position (vLLM's own victim end).
-        candidates.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
+        // Pick the victims one at a time, best first (at most `max_per_step`, a handful): no
+        // allocation and no sort on a path that runs every step while the head waits.
         let mut victims = Vec::new();
         let mut freed = 0u64;
-        for &(_, i) in &candidates {
-            if victims.len() as u32 >= rule.max_per_step || (!victims.is_empty() && missing_blocks == 0) {
+        while (victims.len() as u32) < rule.max_per_step && (victims.is_empty() || missing_blocks > 0) {
+            let Some((i, blocks)) = self.best_arrival_victim(now_ms, running, w_rank, &victims, step_ms)
+            else {
                 break;
-            }
-            let h = running[i as usize];
-            let blocks = u64::from(self.hot(h).num_tokens).div_ceil(block_size);
+            };
             victims.push(i);
             freed += blocks;
             missing_blocks = missing_blocks.saturating_sub(blocks);
@@ -989,6 +972,40 @@ impl Meridian {
         self.stats.num_arrival_preemptions += victims.len() as u64;
         victims.sort_unstable();
         (victims, freed.min(u64::from(u32::MAX)) as u32)
+    }
+
+    /// The running request of a class below `w_rank`, not answering, not rested, not already in
+    /// `taken`, with the most slack net of its recompute cost (ties to the later position,
+    /// vLLM's own victim end); with the blocks it would free.
+    fn best_arrival_victim(
+        &self,
+        now_ms: f64,
+        running: &[ReqHandle],
+        w_rank: u8,
+        taken: &[u32],
+        step_ms: f64,
+    ) -> Option<(u32, u64)> {
+        let min_interval_ms = self.config.arrival_preemption.min_interval_ms;
+        let block_size = u64::from(self.limits.block_size);
+        let mut best: Option<(f64, u32, u64)> = None;
+        for (i, &h) in running.iter().enumerate() {
+            let r = self.hot(h);
+            let eligible = self.class_table[r.class.index()].1 > w_rank
+                && r.phase != Phase::Answer
+                && now_ms - r.arrival_preempted_ms >= min_interval_ms
+                && !taken.contains(&(i as u32));
+            if !eligible {
+                continue;
+            }
+            let recompute_ms = self
+                .step_model
+                .predict_ms(StepShape { num_prefill_tokens: r.num_tokens, ..StepShape::default() });
+            let net_ms = self.think_slack_ms(now_ms, r, &self.targets(r.class), step_ms) - recompute_ms;
+            if best.is_none_or(|(b, _, _)| net_ms >= b) {
+                best = Some((net_ms, i as u32, u64::from(r.num_tokens).div_ceil(block_size)));
+            }
+        }
+        best.map(|(_, i, blocks)| (i, blocks))
     }
 
     fn num_admissible(
