@@ -13,7 +13,12 @@ targets: the replay's defaults, ``python/meridian/replay/data/reasoning_classes.
 
 For each workload the script replays stock FCFS over a grid of rate scales and two refinements
 of the bracket around 50 % attainment, picks the probed scale closest to 50 %, then replays every
-policy there and prints the table and the targets' verdicts. Virtual time: the numbers do not depend on this machine's speed.
+policy there and prints the table and the targets' verdicts. A second point (``--second-point``,
+on by default): the scale where FCFS attains about 70 % (the same search), FCFS and Meridian
+there, and Meridian's TTFAT p50 against the unloaded TTFAT p50 — Meridian replayed at 1 % of that
+rate on the first ``UNLOADED_REQUESTS`` requests (alone on the engine, each runs as if the server
+were idle; the full list at 1 % would take a million steps for the same number). Virtual time:
+the numbers do not depend on this machine's speed.
 
     .venv/bin/python bench/replay_ab.py [--workloads azure mooncake] [--seed 0] [--json PATH]
 """
@@ -91,22 +96,55 @@ def _fcfs_attainment(workload: Workload, scales: tuple[float, ...]) -> list[dict
     return [{"rate_scale": r.rate_scale, "attainment": r.summary["attainment"]} for r in report.runs]
 
 
-def fcfs_half_load(workload: Workload, rounds: int = 2) -> tuple[float, list[dict[str, float]]]:
-    """The probed rate scale whose FCFS attainment is closest to 50 %: a grid, then ``rounds``
-    refinements, each probing two points inside the bracket around 50 % (two workers)."""
-    probes = _fcfs_attainment(workload, workload.scales)
+def fcfs_load_at(
+    workload: Workload, target: float, probes: list[dict[str, float]] | None = None, rounds: int = 2
+) -> tuple[float, list[dict[str, float]]]:
+    """The probed rate scale whose FCFS attainment is closest to ``target``: a grid (unless
+    ``probes`` from an earlier search are given), then ``rounds`` refinements, each probing two
+    points inside the bracket around ``target`` (two workers)."""
+    probes = list(probes) if probes else _fcfs_attainment(workload, workload.scales)
     for _ in range(rounds):
         probes.sort(key=lambda p: p["rate_scale"])
-        above = [p for p in probes if p["attainment"] >= 0.5]
-        below = [p for p in probes if p["attainment"] < 0.5]
-        if not above or not below or min(abs(p["attainment"] - 0.5) for p in probes) <= 0.05:
+        above = [p for p in probes if p["attainment"] >= target]
+        below = [p for p in probes if p["attainment"] < target]
+        if not above or not below or min(abs(p["attainment"] - target) for p in probes) <= 0.05:
             break
         lo, hi = math.log(max(p["rate_scale"] for p in above)), math.log(min(p["rate_scale"] for p in below))
         inner = tuple(math.exp(lo + f * (hi - lo)) for f in (1 / 3, 2 / 3))
         probes += _fcfs_attainment(workload, inner)
     probes.sort(key=lambda p: p["rate_scale"])
-    best = min(probes, key=lambda p: abs(p["attainment"] - 0.5))
+    best = min(probes, key=lambda p: abs(p["attainment"] - target))
     return best["rate_scale"], probes
+
+
+def fcfs_half_load(workload: Workload, rounds: int = 2) -> tuple[float, list[dict[str, float]]]:
+    """The probed rate scale whose FCFS attainment is closest to 50 %."""
+    return fcfs_load_at(workload, 0.5, rounds=rounds)
+
+
+#: Requests of the unloaded reference replay (the first ones of the window, at 1 % of the rate).
+UNLOADED_REQUESTS = 300
+#: The second point's target: Meridian's TTFAT p50 at most this × the unloaded TTFAT p50.
+UNLOADED_TTFAT_RATIO = 1.3
+
+
+def second_point(workload: Workload, probes: list[dict[str, float]]) -> dict[str, object]:
+    """FCFS and Meridian where FCFS attains ~70 % (one refinement of the search), and Meridian
+    unloaded (1 % of that rate)."""
+    scale, probes = fcfs_load_at(workload, 0.7, probes, rounds=1)
+    report = run_replay(replace(workload.options, policies=("vllm-fcfs", "meridian"), rate_scales=(scale,)))
+    summaries = {r.policy: r.summary for r in report.runs}
+    unloaded = run_replay(replace(workload.options, policies=("meridian",), rate_scales=(scale / 100,),
+                                  limit=UNLOADED_REQUESTS)).runs[0].summary
+    loaded_p50, idle_p50 = summaries["meridian"]["ttfat_ms"]["p50"], unloaded["ttfat_ms"]["p50"]
+    ratio = loaded_p50 / idle_p50 if loaded_p50 and idle_p50 else math.inf
+    print(f"    second point: FCFS ~70 % at ×{scale:.3g}")
+    print(table(list(summaries.values())))
+    print(f"    Meridian TTFAT p50 {loaded_p50 / 1e3:.1f} s vs unloaded {idle_p50 / 1e3:.1f} s (×{scale / 100:.3g}, "
+          f"first {UNLOADED_REQUESTS} requests): {ratio:.2f}× (target ≤ {UNLOADED_TTFAT_RATIO}) "
+          f"{'met' if ratio <= UNLOADED_TTFAT_RATIO else 'MISSED'}")
+    return {"rate_scale": scale, "fcfs_probes": probes, "policies": summaries, "unloaded": unloaded,
+            "ttfat_p50_vs_unloaded": ratio}
 
 
 def verdicts(summaries: dict[str, dict]) -> list[str]:
@@ -142,6 +180,12 @@ def main() -> int:
     parser.add_argument("--workloads", nargs="+", default=None, help="azure, mooncake (default: all available)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--policies", nargs="+", default=list(POLICIES), help="policies to replay (default: all)")
+    parser.add_argument("--probes-from", type=Path, default=None,
+                        help="an earlier run's JSON: start each FCFS search from its probes (the same "
+                             "workload and seed replay identically in virtual time)")
+    parser.add_argument("--no-second-point", dest="second_point", action="store_false",
+                        help="skip the FCFS ~70 %% point and the unloaded reference")
     args = parser.parse_args()
     available = workloads(args.seed)
     names = args.workloads or list(available)
@@ -152,9 +196,10 @@ def main() -> int:
             return 2
         workload = available[name]
         started = time.monotonic()
-        scale, probes = fcfs_half_load(workload)
+        earlier = json.loads(args.probes_from.read_text())[name]["fcfs_probes"] if args.probes_from else None
+        scale, probes = fcfs_load_at(workload, 0.5, earlier)
         probe_text = ", ".join(f"×{p['rate_scale']:.3g}: {p['attainment']:.0%}" for p in probes)
-        report = run_replay(replace(workload.options, policies=tuple(POLICIES), rate_scales=(scale,)))
+        report = run_replay(replace(workload.options, policies=tuple(args.policies), rate_scales=(scale,)))
         summaries = {r.policy: r.summary for r in report.runs}
         print(f"\n=== {name}: {report.workload['num_requests']} requests, profile {workload.options.profile}")
         print(f"    {report.workload['reasoning_lengths']}")
@@ -162,8 +207,10 @@ def main() -> int:
         print(table(list(summaries.values())))
         for line in verdicts(summaries):
             print("    " + line)
-        print(f"    ({time.monotonic() - started:.0f} s wall)")
         results[name] = {"rate_scale": scale, "fcfs_probes": probes, "workload": report.workload, "policies": summaries}
+        if args.second_point:
+            results[name]["second_point"] = second_point(workload, probes)
+        print(f"    ({time.monotonic() - started:.0f} s wall)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -14,7 +14,7 @@ CLASS_ARG: Final = "meridian_class"
 THINKING_ARG: Final = "meridian_thinking"
 #: Request argument setting a hard thinking budget in tokens.
 THINKING_BUDGET_ARG: Final = "meridian_thinking_budget_tokens"
-#: Every ``policy`` name, the product first: ``("meridian", "answer_first", "pascal")``.
+#: Every ``policy`` name, the product first: ``("meridian", "answer_first", "pascal", "uniboost", "scorpio")``.
 POLICY_NAMES: Final[tuple[str, ...]]
 
 def kernel_source(name: str) -> str:
@@ -44,7 +44,7 @@ class Config:
     @property
     def step_log_path(self) -> str | None: ...
     @property
-    def policy(self) -> Literal["meridian", "answer_first", "pascal"]: ...
+    def policy(self) -> Literal["meridian", "answer_first", "pascal", "uniboost", "scorpio"]: ...
     def resolve_tool_call_markers(self, found: list[int | None]) -> list[int]:
         """The tool-call marker ids, given per configured marker (in order) its single token id in
         the model's vocabulary, or ``None`` when it is not one token.

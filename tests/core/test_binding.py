@@ -202,7 +202,7 @@ def test_module_constants_are_the_cores_names() -> None:
     assert _core.CLASS_ARG == "meridian_class"
     assert _core.THINKING_ARG == "meridian_thinking"
     assert _core.THINKING_BUDGET_ARG == "meridian_thinking_budget_tokens"
-    assert _core.POLICY_NAMES == ("meridian", "answer_first", "pascal")
+    assert _core.POLICY_NAMES == ("meridian", "answer_first", "pascal", "uniboost", "scorpio")
     for name in _core.POLICY_NAMES:
         assert Config.from_json(f'{{"policy": "{name}"}}').policy == name
     with pytest.raises(ConfigError, match="sjf"):

@@ -292,6 +292,7 @@ def test_an_interactive_arrival_preempts_batch_thinking_through_vllms_own_path(t
     preempted = sum(reports[b].num_preemptions_think for b in ("batch-a", "batch-b"))
     if enabled:
         assert scheduler.meridian.stats()["num_arrival_preemptions"] == preempted == 1
+        assert scheduler.meridian.class_counters()["batch"]["num_arrival_preemptions"] == 1
         assert reports["batch-a"].num_preemptions_think == 0, "batch-b has more slack net of its recompute"
         assert urgent_ttft is not None and urgent_ttft < 20.0, "the urgent request makes its TTFT target"
         assert result.num_answer_preemption_alarms == 0

@@ -30,8 +30,8 @@ pub enum ReasoningBlockRule {
     Never,
 }
 
-/// Which scheduling policy the core runs. `Meridian` is the product; the other two exist so the
-/// replay can measure the product against its own ablation and a published alternative with the
+/// Which scheduling policy the core runs. `Meridian` is the product; the others exist so the
+/// replay can measure the product against its own ablation and published alternatives with the
 /// same engine, the same shim and the same metrics. The configuration names them by
 /// [`Policy::name`] (key `policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,18 +45,40 @@ pub enum Policy {
     /// target and preempted first (after PASCAL, arXiv 2602.11530); vLLM's own budget and
     /// admission; no eviction tiers.
     Pascal,
+    /// Prediction-free γ-boost between first-come first-served and shortest-job-first with
+    /// KV-aware preemption (after UniBoost, arXiv 2606.18431): every request, waiting or running,
+    /// is ordered by `arrival_ms + 1000 · num_tokens / uniboost_gamma_tokens_per_s`, its arrival
+    /// pushed back by the work it has made known (prompt plus output so far), so γ → ∞ is FCFS
+    /// and γ → 0 least-attained-service; the running request with the largest key — late and
+    /// large, the one whose blocks free the most room — is vLLM's preemption victim. vLLM's own
+    /// budget and admission; no eviction tiers. The paper's exact boost function is not in the
+    /// sources we had (abstract and project page); this is our reading of it, documented as such.
+    UniBoost,
+    /// Least-deadline-first with a TTFT guard and a TPOT guard (after SCORPIO, arXiv 2505.23022):
+    /// waiting requests in order of their TTFT deadline, those that can no longer make it (now +
+    /// predicted prefill past the deadline) behind every one that can — SCORPIO rejects them; a
+    /// vLLM scheduler cannot reject without the frontend, so they are queued last instead, which
+    /// can only help the baseline; admission stops where the step-time model predicts the batch
+    /// would exceed the tightest TPOT target (its virtual batch size). Running requests first come
+    /// first served; vLLM's own budget; no eviction tiers; SCORPIO's credit-based batching is not
+    /// reproduced.
+    Scorpio,
 }
 
 impl Policy {
     /// Every policy, in declaration order (the product first).
-    pub const ALL: [Policy; 3] = [Policy::Meridian, Policy::AnswerFirst, Policy::Pascal];
+    pub const ALL: [Policy; 5] =
+        [Policy::Meridian, Policy::AnswerFirst, Policy::Pascal, Policy::UniBoost, Policy::Scorpio];
 
-    /// The name the configuration and the bindings use: `meridian`, `answer_first` or `pascal`.
+    /// The name the configuration and the bindings use: `meridian`, `answer_first`, `pascal`,
+    /// `uniboost` or `scorpio`.
     pub const fn name(self) -> &'static str {
         match self {
             Policy::Meridian => "meridian",
             Policy::AnswerFirst => "answer_first",
             Policy::Pascal => "pascal",
+            Policy::UniBoost => "uniboost",
+            Policy::Scorpio => "scorpio",
         }
     }
 
@@ -149,6 +171,8 @@ struct RawConfig {
     aging_ms: Option<f64>,
     starvation_ms: Option<f64>,
     late_wait_ttft_factor: Option<f64>,
+    late_think_ttfat_factor: Option<f64>,
+    uniboost_gamma_tokens_per_s: Option<f64>,
     evict_reasoning_blocks: Option<ReasoningBlockRule>,
     tool_call_markers: Option<Vec<String>>,
     stall_factor: Option<f64>,
@@ -231,6 +255,13 @@ pub struct Config {
     /// make its own for at most this many times its class's TTFT target (never past
     /// `starvation_ms`), then goes ahead of every new request: the tail rule.
     pub late_wait_ttft_factor: f64,
+    /// A running thinker that can no longer make its TTFAT target yields its decode to prompt
+    /// chunks until it is this many times its class's TTFAT target past its deadline, then
+    /// decodes every step again ahead of them: the running side's tail rule.
+    pub late_think_ttfat_factor: f64,
+    /// The `uniboost` policy's γ: how many tokens of known work push a request back by one
+    /// second of arrival (default 1,000; [`Policy::UniBoost`]).
+    pub uniboost_gamma_tokens_per_s: f64,
     /// Eviction rule for finished requests' reasoning blocks.
     pub evict_reasoning_blocks: ReasoningBlockRule,
     /// Strings whose tokens mark a tool call (resolved to ids by the shim's tokenizer; see
@@ -407,6 +438,14 @@ impl Config {
             late_wait_ttft_factor: positive(
                 "late_wait_ttft_factor",
                 raw.late_wait_ttft_factor.unwrap_or(5.0),
+            )?,
+            late_think_ttfat_factor: non_negative(
+                "late_think_ttfat_factor",
+                raw.late_think_ttfat_factor.unwrap_or(1.0),
+            )?,
+            uniboost_gamma_tokens_per_s: positive(
+                "uniboost_gamma_tokens_per_s",
+                raw.uniboost_gamma_tokens_per_s.unwrap_or(1_000.0),
             )?,
             evict_reasoning_blocks: raw.evict_reasoning_blocks.unwrap_or(ReasoningBlockRule::UnlessToolCall),
             tool_call_markers_explicit: raw.tool_call_markers.is_some(),
@@ -619,7 +658,10 @@ mod tests {
 
     #[test]
     fn policies_parse_by_their_one_name() {
-        assert_eq!(Policy::ALL.map(Policy::name), ["meridian", "answer_first", "pascal"]);
+        assert_eq!(
+            Policy::ALL.map(Policy::name),
+            ["meridian", "answer_first", "pascal", "uniboost", "scorpio"]
+        );
         for policy in Policy::ALL {
             assert_eq!(Policy::from_name(policy.name()), Some(policy));
             let config = Config::from_json(&format!(r#"{{"policy": "{}"}}"#, policy.name())).unwrap();

@@ -261,6 +261,9 @@ pub struct ClassCounters {
     pub num_stalls: u64,
     /// Preemptions by phase over all finished requests.
     pub num_preemptions: PhaseCountsU64,
+    /// This class's running requests the plan preempted on arrival of a more important one
+    /// (counted when the plan decides, live requests included).
+    pub num_arrival_preemptions: u64,
 }
 
 /// [`PhaseCounts`] widened for aggregates.

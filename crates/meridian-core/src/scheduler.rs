@@ -291,7 +291,7 @@ struct PendingStep {
     scheduled_at_ms: f64,
 }
 
-/// Sort key before packing: group (0–6), a group-specific primary key, a tie-break key.
+/// Sort key before packing: group (0–7), a group-specific primary key, a tie-break key.
 type OrderKey = (u8, u64, u32);
 
 /// Lists up to this long sort as packed `u64`s (16 bits of position); longer ones as `u128`s.
@@ -340,6 +340,8 @@ pub struct Meridian {
     scratch_keys: Vec<u64>,
     /// `1 / config.aging_ms`: the plan multiplies instead of dividing per waiting request.
     inv_aging_ms: f64,
+    /// `1000 / config.uniboost_gamma_tokens_per_s`: UniBoost's push-back per token of known work.
+    uniboost_ms_per_token: f64,
     /// Targets and rank per class, dense (the plan reads them for every request).
     class_table: Vec<(SloTargets, u8)>,
 }
@@ -362,6 +364,7 @@ impl Meridian {
     pub fn new(config: Config, limits: EngineLimits, markers: ReasoningMarkers) -> Result<Self> {
         let limits = limits.validate()?;
         let inv_aging_ms = 1.0 / config.aging_ms;
+        let uniboost_ms_per_token = 1_000.0 / config.uniboost_gamma_tokens_per_s;
         let class_table = config.classes.iter().map(|c| (c.targets, c.rank)).collect();
         Ok(Self {
             lengths: (0..config.classes.len())
@@ -387,6 +390,7 @@ impl Meridian {
             seen: Vec::new(),
             scratch_keys: Vec::new(),
             inv_aging_ms,
+            uniboost_ms_per_token,
             class_table,
         })
     }
@@ -547,6 +551,7 @@ impl Meridian {
             num_free_blocks.saturating_add(freed_blocks),
             num_reserved_blocks,
             running.len() - preempt.len(),
+            &load,
         );
         let token_budget = self.token_budget(&load);
         let held = self.paced_out(now_ms, running, decode_step_ms);
@@ -753,10 +758,14 @@ impl Meridian {
     }
 
     /// Answer queue by next-token deadline; then thinking by slack while the TTFAT deadline is
-    /// still reachable; then prompts being computed, by slack (after every decode, so a long
-    /// chunk never takes the budget a decode needs); then best effort, most sunk work first, so
-    /// the last entry (the victim) is the cheapest to recompute among requests that have
-    /// already missed.
+    /// still reachable; then thinking that can no longer make it (best effort), most sunk work
+    /// first; then prompts being computed, by slack, late ones last. Every decode comes before
+    /// every prompt chunk (Sarathi-Serve's stall-free rule): vLLM fills the budget in this order
+    /// and a long chunk takes all of it, so a late thinker placed after the chunks would skip
+    /// most steps while long prompts stream in — measured on the Mooncake replay, the longest
+    /// thinkers thought at half speed and TTFAT p99 rose 30 % above FCFS's. The last entry
+    /// (vLLM's victim) is then a prompt still being computed, the least work lost, or when none
+    /// is, the late thinker with the least sunk work.
     #[inline]
     fn running_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
         let r = self.hot(handle);
@@ -765,6 +774,8 @@ impl Meridian {
             Policy::AnswerFirst => return (u8::from(r.phase != Phase::Answer), sortable(r.arrival_ms), 0),
             // Round robin within each phase: the request served longest ago goes first.
             Policy::Pascal => return (u8::from(r.phase == Phase::Answer), sortable(r.last_token_ms), 0),
+            Policy::UniBoost => return (0, sortable(self.boosted_arrival_ms(r)), 0),
+            Policy::Scorpio => return (0, sortable(r.arrival_ms), 0),
         }
         let targets = self.targets(r.class);
         let more_sunk_first = u32::MAX - r.num_tokens;
@@ -772,11 +783,22 @@ impl Meridian {
             return (0, sortable(self.next_answer_deadline_ms(r, &targets)), sortable32(r.arrival_ms));
         }
         let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
-        if slack_ms >= 0.0 {
-            (if r.has_started { 1 } else { 2 }, sortable(slack_ms), more_sunk_first)
-        } else {
-            (3, u64::from(more_sunk_first) << 32, sortable32(r.arrival_ms))
+        match (r.has_started, slack_ms >= 0.0) {
+            (true, true) => (1, sortable(slack_ms), more_sunk_first),
+            (true, false) if now_ms - r.arrival_ms >= self.late_think_bound_ms(&targets) => {
+                (2, u64::from(more_sunk_first) << 32, sortable32(r.arrival_ms))
+            }
+            (true, false) => (5, u64::from(more_sunk_first) << 32, sortable32(r.arrival_ms)),
+            (false, true) => (3, sortable(slack_ms), more_sunk_first),
+            (false, false) => (4, sortable(-slack_ms), more_sunk_first),
         }
+    }
+
+    /// How long a late thinker yields its decode to prompt chunks: until it has been in the
+    /// system `1 + late_think_ttfat_factor` times its class's TTFAT target.
+    #[inline]
+    fn late_think_bound_ms(&self, targets: &SloTargets) -> f64 {
+        (1.0 + self.config.late_think_ttfat_factor) * targets.ttfat_ms
     }
 
     #[inline]
@@ -828,9 +850,14 @@ impl Meridian {
     #[inline]
     fn waiting_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
         let r = self.hot(handle);
-        if self.config.policy != Policy::Meridian {
+        match self.config.policy {
+            Policy::Meridian => {}
             // vLLM's own order: preempted requests (back at the head) first, then arrival.
-            return (u8::from(!r.preempted), sortable(r.arrival_ms), 0);
+            Policy::AnswerFirst | Policy::Pascal => {
+                return (u8::from(!r.preempted), sortable(r.arrival_ms), 0)
+            }
+            Policy::UniBoost => return (0, sortable(self.boosted_arrival_ms(r)), 0),
+            Policy::Scorpio => return self.scorpio_waiting_key(now_ms, r),
         }
         if r.preempted {
             return self.running_key(now_ms, handle, step_ms);
@@ -840,23 +867,45 @@ impl Meridian {
         let late_bound_ms =
             (self.config.late_wait_ttft_factor * targets.ttft_ms).min(self.config.starvation_ms);
         if waited_ms >= self.config.starvation_ms {
-            return (4, sortable(r.arrival_ms), 0);
+            return (6, sortable(r.arrival_ms), 0);
         }
         let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
         if slack_ms < 0.0 {
             if waited_ms >= late_bound_ms {
-                return (4, sortable(r.arrival_ms), 0);
+                return (6, sortable(r.arrival_ms), 0);
             }
             // Behind every request that can still make it, nearest its bound first.
             return (
-                5,
+                7,
                 u64::from(u8::MAX) << 56 | sortable(late_bound_ms - waited_ms) >> 8,
                 sortable32(r.arrival_ms),
             );
         }
         let rank = self.class_table[r.class.index()].1;
         let aged_rank = u64::from(rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8));
-        (5, aged_rank << 56 | sortable(slack_ms) >> 8, sortable32(r.arrival_ms))
+        (7, aged_rank << 56 | sortable(slack_ms) >> 8, sortable32(r.arrival_ms))
+    }
+
+    /// UniBoost's key: the arrival pushed back by the work the request has made known (prompt and
+    /// output so far) at γ tokens per second.
+    #[inline]
+    fn boosted_arrival_ms(&self, r: &Hot) -> f64 {
+        r.arrival_ms + f64::from(r.num_tokens) * self.uniboost_ms_per_token
+    }
+
+    /// SCORPIO's TTFT guard: preempted requests first (vLLM's own rule), then least TTFT deadline
+    /// first among requests that can still make it, then the unattainable ones (SCORPIO's
+    /// rejections, queued last), also by deadline.
+    fn scorpio_waiting_key(&self, now_ms: f64, r: &Hot) -> OrderKey {
+        if r.preempted {
+            return (0, sortable(r.arrival_ms), 0);
+        }
+        let deadline_ms = r.arrival_ms + self.targets(r.class).ttft_ms;
+        let prefill_ms = self
+            .step_model
+            .predict_ms(StepShape { num_prefill_tokens: r.num_tokens, ..StepShape::default() });
+        let attainable = now_ms + prefill_ms <= deadline_ms;
+        (if attainable { 1 } else { 2 }, sortable(deadline_ms), 0)
     }
 
     // ---- admission and budget -------------------------------------------------------------
@@ -966,6 +1015,7 @@ impl Meridian {
             let h = running[i as usize];
             if let Some(r) = self.slots[h.slot()].request.as_mut() {
                 r.arrival_preempted_ms = Some(now_ms);
+                self.class_counters[r.class.index()].num_arrival_preemptions += 1;
             }
             self.refresh_hot(h);
         }
@@ -1015,11 +1065,16 @@ impl Meridian {
         num_free_blocks: u32,
         num_reserved_blocks: u32,
         num_running: usize,
+        load: &RunningLoad,
     ) -> u32 {
         let seats = (self.limits.max_num_seqs as usize).saturating_sub(num_running);
-        if self.config.policy != Policy::Meridian {
-            // The baselines admit like stock vLLM: whatever its KV check lets in.
-            return order.len().min(seats) as u32;
+        match self.config.policy {
+            Policy::Meridian => {}
+            Policy::Scorpio => {
+                return self.virtual_batch_admissible(waiting, order, seats, num_running, load)
+            }
+            // The other baselines admit like stock vLLM: whatever its KV check lets in.
+            Policy::AnswerFirst | Policy::Pascal | Policy::UniBoost => return order.len().min(seats) as u32,
         }
         let mut blocks_left = u64::from(num_free_blocks.saturating_sub(num_reserved_blocks));
         let block_size = u64::from(self.limits.block_size);
@@ -1040,6 +1095,38 @@ impl Meridian {
             admitted = 1;
         }
         admitted as u32
+    }
+
+    /// SCORPIO's TPOT guard (virtual batch size): admit from the head of `order` while the decode
+    /// step the running requests and the admitted ones would make stays within the tightest answer
+    /// TPOT target among them (with the configured headroom), by the step-time model; at least
+    /// one when nothing runs, so the engine never wedges. vLLM's KV check still applies.
+    fn virtual_batch_admissible(
+        &self,
+        waiting: &[ReqHandle],
+        order: &[u32],
+        seats: usize,
+        num_running: usize,
+        load: &RunningLoad,
+    ) -> u32 {
+        let headroom = self.config.tpot_headroom;
+        let mut shape = load.decodes();
+        let mut tpot_ms = load.any_tpot_ms;
+        let mut admitted = 0u32;
+        for &i in order.iter().take(seats) {
+            let r = self.hot(waiting[i as usize]);
+            shape.num_decode_requests += 1;
+            shape.num_context_tokens += u64::from(r.num_tokens);
+            tpot_ms = tpot_ms.min(self.targets(r.class).answer_tpot_ms);
+            if self.step_model.predict_ms(shape) > tpot_ms * headroom {
+                break;
+            }
+            admitted += 1;
+        }
+        if admitted == 0 && num_running == 0 && !order.is_empty() && seats > 0 {
+            admitted = 1;
+        }
+        admitted
     }
 
     /// Sarathi-style stall-free budget: while anyone answers, the step must fit the tightest

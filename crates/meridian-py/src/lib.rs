@@ -77,7 +77,7 @@ impl PyConfig {
         self.inner.step_log_path.clone()
     }
 
-    /// The scheduling policy (`meridian`, `answer_first` or `pascal`).
+    /// The scheduling policy (`meridian`, `answer_first`, `pascal`, `uniboost` or `scorpio`).
     #[getter]
     fn policy(&self) -> &'static str {
         self.inner.policy.name()
@@ -383,6 +383,7 @@ impl PyMeridian {
             d.set_item("num_met_all", c.num_met_all)?;
             d.set_item("num_stalls", c.num_stalls)?;
             set_preemptions(&d, &c.num_preemptions)?;
+            d.set_item("num_arrival_preemptions", c.num_arrival_preemptions)?;
             out.set_item(&class.name, d)?;
         }
         Ok(out)

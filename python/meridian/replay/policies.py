@@ -2,7 +2,8 @@
 
 A policy is stock vLLM (``vllm-fcfs``, ``vllm-priority``: vLLM's own ``AsyncScheduler`` under
 that scheduling policy) or ``MeridianScheduler`` in one of the core's policy modes, named as the
-config's ``policy`` key names them (``meridian``, ``answer_first``, ``pascal``). The demo's
+config's ``policy`` key names them (``meridian``, ``answer_first``, ``pascal``, and the
+published baselines ``uniboost`` and ``scorpio``). The demo's
 scripted and live parts use the same names. Replaying one builds the scheduler the way
 ``EngineCore`` does, with the profile's KV capacity and batch limits, and runs it through the
 offline engine loop with the profile's step time. Invariant: every policy replays through the
@@ -38,7 +39,9 @@ class PolicySpec:
 _MERIDIAN_DESCRIPTIONS = {
     "meridian": "Meridian: dual queue, slack, step budget, admission reserve, tiers",
     "answer_first": "ablation: answering first, FCFS otherwise, nothing else",
-    "pascal": "reasoning first, answers paced at their TPOT target (PASCAL)",
+    "pascal": "reasoning first, answers paced at their TPOT target (PASCAL, arXiv 2602.11530)",
+    "uniboost": "prediction-free γ-boost between FCFS and SJF, KV-aware victim (UniBoost, arXiv 2606.18431)",
+    "scorpio": "least TTFT deadline first, unattainable last, TPOT-guarded batch size (SCORPIO, arXiv 2505.23022)",
 }
 
 POLICIES: dict[str, PolicySpec] = {

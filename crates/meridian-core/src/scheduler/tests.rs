@@ -898,6 +898,8 @@ fn a_waiting_request_of_a_higher_class_preempts_lower_class_thinking_on_arrival(
     assert_eq!(plan.preempt, vec![1], "one victim frees the seat");
     assert_eq!(plan.num_admissible, 1, "the seat it frees admits the waiting request");
     assert_eq!(core.stats().num_arrival_preemptions, 1);
+    let by_class: Vec<u64> = core.class_counters().iter().map(|c| c.num_arrival_preemptions).collect();
+    assert_eq!(by_class, vec![0, 0, 1], "counted against the victim's class (batch)");
     // The shim preempts it; vLLM reports it; it is not preempted on arrival again within 10 s.
     core.on_preempted(700.0, young).unwrap();
     // Readmitted beside the interactive request, it is spared while it rests, and `long` yields.
@@ -935,4 +937,95 @@ fn arrival_preemption_spares_answers_equals_and_the_disabled() {
     think(&mut core, 5.0, low, 3);
     let big = add_class(&mut core, "big", 0.0, 4000, Some("interactive"));
     assert!(core.plan_step(900.0, &[low], &[big], 10).unwrap().preempt.is_empty());
+}
+
+// ---- the running side's tail rule and the published baselines --------------------------------
+
+#[test]
+fn a_late_thinker_yields_to_prompt_chunks_until_its_class_bound_then_decodes_ahead_of_them() {
+    let mut core = engine();
+    // Interactive: TTFAT target 15 s, so the bound is (1 + 1) × 15 s = 30 s after arrival.
+    let late = add_class(&mut core, "late", 0.0, 16, Some("interactive"));
+    think(&mut core, 1_000.0, late, 3);
+    let prompt_at = |core: &mut Meridian, id: &str, now_ms: f64| add(core, id, now_ms - 1.0, 512);
+    let fresh = prompt_at(&mut core, "fresh", 20_000.0);
+    let plan = core.plan_step(20_000.0, &[late, fresh], &[], 1000).unwrap();
+    assert_eq!(plan.running_order, vec![1, 0], "20 s in: late, so the prompt chunk goes first");
+    let fresher = prompt_at(&mut core, "fresher", 31_000.0);
+    let plan = core.plan_step(31_000.0, &[late, fresher], &[], 1000).unwrap();
+    assert_eq!(plan.running_order, vec![0, 1], "31 s in: past its bound, its decode leads the chunk");
+    let config = Config::from_json(r#"{"late_think_ttfat_factor": 0}"#).unwrap();
+    let mut core = engine_with(config);
+    let late = add_class(&mut core, "late", 0.0, 16, Some("interactive"));
+    think(&mut core, 1_000.0, late, 3);
+    let fresh = prompt_at(&mut core, "fresh", 20_000.0);
+    let plan = core.plan_step(20_000.0, &[late, fresh], &[], 1000).unwrap();
+    assert_eq!(plan.running_order, vec![0, 1], "factor 0: a late decode never yields");
+}
+
+#[test]
+fn uniboost_pushes_arrival_back_by_known_work_at_gamma() {
+    // γ = 1,000 tokens/s (the default): one token of prompt or output = 1 ms of arrival.
+    let mut core = engine_with_policy("uniboost");
+    let big = add(&mut core, "big", 0.0, 5_000); // key 0 + 5000 = 5000 ms
+    let small = add(&mut core, "small", 1_000.0, 100); // key 1000 + 100 = 1100 ms
+    let tiny = add(&mut core, "tiny", 2_000.0, 16); // key 2000 + 16 = 2016 ms
+    let plan = core.plan_step(2_500.0, &[], &[big, small, tiny], 10_000).unwrap();
+    assert_eq!(plan.waiting_order, vec![1, 2, 0]);
+    assert_eq!(plan.num_admissible, 3, "vLLM's own admission");
+    assert_eq!(plan.token_budget, limits().max_num_batched_tokens, "vLLM's own budget");
+    // Running: the request that has produced 3,000 tokens (key 16 + 3000 = 3016 ms) goes behind
+    // the later one with 5 (500 + 21 = 521 ms) and is the preemption victim, the most blocks freed.
+    let long = add(&mut core, "long", 0.0, 16);
+    let short = add(&mut core, "short", 500.0, 16);
+    think(&mut core, 2_600.0, long, 3_000);
+    think(&mut core, 2_600.0, short, 5);
+    let plan = core.plan_step(2_700.0, &[long, short], &[], 10_000).unwrap();
+    assert_eq!(plan.running_order, vec![1, 0]);
+    // γ → ∞ is first come first served.
+    let config = Config::from_json(r#"{"policy": "uniboost", "uniboost_gamma_tokens_per_s": 1e12}"#).unwrap();
+    let mut fcfs = engine_with(config);
+    let handles = [add(&mut fcfs, "big", 0.0, 5_000), add(&mut fcfs, "small", 1_000.0, 100)];
+    assert_eq!(fcfs.plan_step(2_500.0, &[], &handles, 10_000).unwrap().waiting_order, vec![0, 1]);
+    let err = Config::from_json(r#"{"uniboost_gamma_tokens_per_s": 0}"#).unwrap_err().to_string();
+    assert!(err.contains("uniboost_gamma_tokens_per_s") && err.contains('0'), "{err}");
+}
+
+#[test]
+fn scorpio_orders_by_ttft_deadline_and_queues_the_unattainable_last() {
+    let mut core = engine_with_policy("scorpio");
+    // TTFT targets: interactive 1 s, standard 3 s. Prefill of 16 tokens ≈ 5.5 + 0.45 ms.
+    let standard = add(&mut core, "standard", 0.0, 16); // deadline 3,000 ms
+    let inter = add_class(&mut core, "inter", 500.0, 16, Some("interactive")); // deadline 1,500
+    let lost = add_class(&mut core, "lost", 0.0, 16, Some("interactive")); // deadline 1,000 < now
+    let plan = core.plan_step(1_200.0, &[], &[standard, inter, lost], 10_000).unwrap();
+    assert_eq!(plan.waiting_order, vec![1, 0, 2]);
+    // A preempted request resumes first, as in vLLM; running requests are first come first served.
+    let victim = add(&mut core, "victim", 100.0, 16);
+    let first = add(&mut core, "first", 50.0, 16);
+    think(&mut core, 1_100.0, victim, 2);
+    think(&mut core, 1_100.0, first, 2);
+    let plan = core.plan_step(1_200.0, &[victim, first], &[], 10_000).unwrap();
+    assert_eq!(plan.running_order, vec![1, 0]);
+    core.on_preempted(1_200.0, victim).unwrap();
+    let plan = core.plan_step(1_300.0, &[first], &[standard, inter, victim], 10_000).unwrap();
+    assert_eq!(plan.waiting_order[0], 2);
+}
+
+#[test]
+fn scorpio_admits_up_to_the_virtual_batch_size_the_tightest_tpot_allows() {
+    let mut core = engine_with_policy("scorpio");
+    // Seed step model: 5.5 ms + 0.005 ms per decoding request + 3.8e-5 ms per context token.
+    // Interactive TPOT target 50 ms × 0.9 headroom = 45 ms. Each 200,000-token prompt adds
+    // 7.6 ms of context: five make 5.5 + 0.025 + 38.0 = 43.5 ms (fits), six 51.1 ms (does not).
+    let waiting: Vec<_> = (0..7)
+        .map(|i| add_class(&mut core, &format!("r{i}"), f64::from(i), 200_000, Some("interactive")))
+        .collect();
+    let plan = core.plan_step(10.0, &[], &waiting, 1_000_000).unwrap();
+    assert_eq!(plan.num_admissible, 5);
+    assert_eq!(plan.token_budget, limits().max_num_batched_tokens);
+    // Standard's 100 ms × 0.9 = 90 ms would allow eleven (5.5 + 0.055 + 83.6 = 89.2 ms).
+    let mut core = engine_with_policy("scorpio");
+    let waiting: Vec<_> = (0..12).map(|i| add(&mut core, &format!("s{i}"), f64::from(i), 200_000)).collect();
+    assert_eq!(core.plan_step(20.0, &[], &waiting, 1_000_000).unwrap().num_admissible, 11);
 }
