@@ -5,8 +5,10 @@ The development workloads of ``bench/replay_ab.py`` at its load (the FCFS ~50 % 
 stock FCFS (which uses no prior) and Meridian with ``think_tokens_prior`` and
 ``answer_tokens_prior`` scaled by 0.1 and by 10, so the predictors start far from the truth and
 must learn the server's own lengths (``predictor``: the prior counts as 10 pseudo-observations).
-Targets (issue 11): throughput ≥ 0.99× FCFS and goodput ≥ FCFS's. Virtual time: the numbers do
-not depend on this machine.
+Targets (issue 11): throughput ≥ 0.99× FCFS and goodput ≥ FCFS's, over the whole run and from
+the first minute (the requests that arrived in the first 60 s, served while the predictors still
+hold little more than the wrong prior, meet their targets at least as often as under FCFS).
+Virtual time: the numbers do not depend on this machine.
 
     .venv/bin/python bench/replay_shifted_prior.py [--workloads azure mooncake] [--json PATH]
 """
@@ -59,9 +61,12 @@ def main() -> int:
         print(f"\n=== {name} at ×{HALF_LOAD[name]:.3g} ({time.monotonic() - started:.0f} s wall)")
         for label, s in rows.items():
             g, t = s["goodput_rps"] / fcfs["goodput_rps"], s["throughput_tok_s"] / fcfs["throughput_tok_s"]
+            first, first_fcfs = s["first_minute"]["good"], fcfs["first_minute"]["good"]
             verdict = "" if label == "vllm-fcfs" else (
-                f"  goodput {'met' if g >= 1.0 else 'MISSED'}, throughput {'met' if t >= 0.99 else 'MISSED'}")
-            print(f"  {label:<22} goodput {s['goodput_rps']:.3f} ({g:.2f}× FCFS)  throughput {t:.3f}× FCFS"
+                f"  goodput {'met' if g >= 1.0 else 'MISSED'}, first minute "
+                f"{'met' if first >= first_fcfs else 'MISSED'}, throughput {'met' if t >= 0.99 else 'MISSED'}")
+            print(f"  {label:<22} goodput {s['goodput_rps']:.3f} ({g:.2f}× FCFS)  first-minute arrivals good "
+                  f"{first}/{s['first_minute']['submitted']}  throughput {t:.3f}× FCFS"
                   f"  TTFAT p99 {s['ttfat_ms']['p99'] / 1e3:.0f} s{verdict}")
         results[name] = {"rate_scale": HALF_LOAD[name], "policies": rows}
     if args.json:

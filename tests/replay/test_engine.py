@@ -213,3 +213,13 @@ def test_rules_that_need_logits_are_refused() -> None:
     with pytest.raises(ValueError, match="eat, proxy and rpdi"):
         check_classes([request("a", 0.0)], {**CONFIG, "thinking_control": {"proxy": {}}})
     check_classes([request("a", 0.0)], {**CONFIG, "thinking_control": {"budget_tokens": 64}})
+
+
+def test_first_minute_counts_the_requests_that_arrived_within_60_s_of_the_first(tmp_path: Path) -> None:
+    # Arrivals at 5 s, 40 s and 64.9 s are the cohort (within 60 s of the first at 5 s); 65 s and
+    # 90 s are not. The one at 40 s thinks past its 60 ms TTFAT target (10 ms steps): not good.
+    requests = [request("a", 5_000.0), request("b", 40_000.0, think=12), request("c", 64_900.0),
+                request("d", 65_000.0), request("e", 90_000.0, think=12)]
+    summary = summarize(replay("meridian", requests, linear_profile(), tmp_path))
+    assert summary["first_minute"] == {"submitted": 3, "good": 2, "attainment": 2 / 3}
+    assert summary["good"] == 3

@@ -257,7 +257,10 @@ pub struct Config {
     pub late_wait_ttft_factor: f64,
     /// A running thinker that can no longer make its TTFAT target yields its decode to prompt
     /// chunks until it is this many times its class's TTFAT target past its deadline, then
-    /// decodes every step again ahead of them: the running side's tail rule.
+    /// decodes every step again ahead of them: the running side's tail rule. Default 0 (a late
+    /// decode never yields): the largest factor of the measured sweep
+    /// (`bench/replay_late_think_sweep.py`) that kept every class's TTFT and TTFAT p99 within
+    /// FCFS's on both development workloads; larger factors buy goodput with the TTFAT tail.
     pub late_think_ttfat_factor: f64,
     /// The `uniboost` policy's γ: how many tokens of known work push a request back by one
     /// second of arrival (default 1,000; [`Policy::UniBoost`]).
@@ -441,7 +444,7 @@ impl Config {
             )?,
             late_think_ttfat_factor: non_negative(
                 "late_think_ttfat_factor",
-                raw.late_think_ttfat_factor.unwrap_or(1.0),
+                raw.late_think_ttfat_factor.unwrap_or(0.0),
             )?,
             uniboost_gamma_tokens_per_s: positive(
                 "uniboost_gamma_tokens_per_s",

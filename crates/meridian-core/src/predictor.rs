@@ -64,8 +64,9 @@ fn bucket_of(len: u32) -> usize {
 
 /// Smallest length in bucket `b`.
 fn lower_edge(b: usize) -> f64 {
-    let exponent = (b / 4) as i32;
-    f64::from(2.0f32.powi(exponent)) * (1.0 + (b % 4) as f64 / 4.0)
+    // 2^exponent by a shift, not `powi` (a library call on the per-step path); exact either way.
+    let exponent = (b / 4) as u32;
+    (1u64 << exponent) as f64 * (1.0 + (b % 4) as f64 / 4.0)
 }
 
 /// Smallest length of the next bucket.

@@ -291,8 +291,10 @@ struct PendingStep {
     scheduled_at_ms: f64,
 }
 
-/// Sort key before packing: group (0–7), a group-specific primary key, a tie-break key.
-type OrderKey = (u8, u64, u32);
+/// Sort key before packing: group (0–7), a group-specific primary key, a tie-break key. All
+/// three are 64-bit: the key is returned through memory, and a wide load of a narrow store
+/// (a `u8` group read back as a word) stalls store forwarding once per request per plan.
+type OrderKey = (u64, u64, u64);
 
 /// Lists up to this long sort as packed `u64`s (16 bits of position); longer ones as `u128`s.
 const MAX_FAST_SORT_LEN: usize = 1 << 16;
@@ -302,12 +304,12 @@ const MAX_FAST_SORT_LEN: usize = 1 << 16;
 /// `primary` (a float key keeps ~10 significant digits), position (16 bits). The tie-break key
 /// is dropped: equal keys keep their input order, so ties do not flap from step to step.
 fn pack_fast((group, primary, _tie): OrderKey, position: u32) -> u64 {
-    u64::from(group) << 61 | (primary >> 19) << 16 | u64::from(position)
+    group << 61 | (primary >> 19) << 16 | u64::from(position)
 }
 
 /// The exact packing for very long lists: group, full primary, tie-break, position.
 fn pack_exact((group, primary, tie): OrderKey, position: u32) -> u128 {
-    let head = u64::from(group) << 61 | primary >> 3;
+    let head = group << 61 | primary >> 3;
     u128::from(head) << 64 | u128::from(tie) << 32 | u128::from(position)
 }
 
@@ -344,6 +346,9 @@ pub struct Meridian {
     uniboost_ms_per_token: f64,
     /// Targets and rank per class, dense (the plan reads them for every request).
     class_table: Vec<(SloTargets, u8)>,
+    /// Per class: the median thinking of a request that has not thought yet, refreshed at the
+    /// start of every plan (the slack of every waiting request reads it).
+    fresh_think_p50_tokens: Vec<f64>,
 }
 
 /// About how many recent completions the recent TTFAT attainment remembers: enough that one
@@ -365,7 +370,7 @@ impl Meridian {
         let limits = limits.validate()?;
         let inv_aging_ms = 1.0 / config.aging_ms;
         let uniboost_ms_per_token = 1_000.0 / config.uniboost_gamma_tokens_per_s;
-        let class_table = config.classes.iter().map(|c| (c.targets, c.rank)).collect();
+        let class_table: Vec<_> = config.classes.iter().map(|c| (c.targets, c.rank)).collect();
         Ok(Self {
             lengths: (0..config.classes.len())
                 .map(|_| ClassLengths {
@@ -391,6 +396,7 @@ impl Meridian {
             scratch_keys: Vec::new(),
             inv_aging_ms,
             uniboost_ms_per_token,
+            fresh_think_p50_tokens: vec![0.0; class_table.len()],
             class_table,
         })
     }
@@ -528,9 +534,10 @@ impl Meridian {
     ) -> Result<StepPlan> {
         let now_ms = check_time_ms("now_ms", now_ms)?;
         self.check_distinct(running, waiting)?;
-        for lengths in &mut self.lengths {
+        for (lengths, fresh) in self.lengths.iter_mut().zip(&mut self.fresh_think_p50_tokens) {
             lengths.think.refresh();
             lengths.answer.refresh();
+            *fresh = lengths.think.remaining_quantile(0, Quantile::P50);
         }
         let load = self.running_load(running);
         let decode_step_ms = self.step_model.predict_ms(load.decodes());
@@ -732,11 +739,19 @@ impl Meridian {
     // ---- ordering -------------------------------------------------------------------------
 
     fn order_running(&mut self, now_ms: f64, running: &[ReqHandle], step_ms: f64) -> Vec<u32> {
-        self.order_by(running, |core, h| core.running_key(now_ms, h, step_ms))
+        self.order_by(
+            running,
+            #[inline(always)]
+            |core, h| core.running_key(now_ms, h, step_ms),
+        )
     }
 
     fn order_waiting(&mut self, now_ms: f64, waiting: &[ReqHandle], step_ms: f64) -> Vec<u32> {
-        self.order_by(waiting, |core, h| core.waiting_key(now_ms, h, step_ms))
+        self.order_by(
+            waiting,
+            #[inline(always)]
+            |core, h| core.waiting_key(now_ms, h, step_ms),
+        )
     }
 
     fn order_by(&mut self, handles: &[ReqHandle], key: impl Fn(&Self, ReqHandle) -> OrderKey) -> Vec<u32> {
@@ -766,31 +781,36 @@ impl Meridian {
     /// thinkers thought at half speed and TTFAT p99 rose 30 % above FCFS's. The last entry
     /// (vLLM's victim) is then a prompt still being computed, the least work lost, or when none
     /// is, the late thinker with the least sunk work.
-    #[inline]
+    #[inline(always)]
     fn running_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
         let r = self.hot(handle);
         match self.config.policy {
             Policy::Meridian => {}
-            Policy::AnswerFirst => return (u8::from(r.phase != Phase::Answer), sortable(r.arrival_ms), 0),
+            Policy::AnswerFirst => return (u64::from(r.phase != Phase::Answer), sortable(r.arrival_ms), 0),
             // Round robin within each phase: the request served longest ago goes first.
-            Policy::Pascal => return (u8::from(r.phase == Phase::Answer), sortable(r.last_token_ms), 0),
+            Policy::Pascal => return (u64::from(r.phase == Phase::Answer), sortable(r.last_token_ms), 0),
             Policy::UniBoost => return (0, sortable(self.boosted_arrival_ms(r)), 0),
             Policy::Scorpio => return (0, sortable(r.arrival_ms), 0),
         }
         let targets = self.targets(r.class);
         let more_sunk_first = u32::MAX - r.num_tokens;
+        let sunk_key = u64::from(more_sunk_first);
         if r.phase == Phase::Answer {
-            return (0, sortable(self.next_answer_deadline_ms(r, &targets)), sortable32(r.arrival_ms));
+            return (
+                0,
+                sortable(self.next_answer_deadline_ms(r, &targets)),
+                u64::from(sortable32(r.arrival_ms)),
+            );
         }
         let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
         match (r.has_started, slack_ms >= 0.0) {
-            (true, true) => (1, sortable(slack_ms), more_sunk_first),
+            (true, true) => (1, sortable(slack_ms), sunk_key),
             (true, false) if now_ms - r.arrival_ms >= self.late_think_bound_ms(&targets) => {
-                (2, u64::from(more_sunk_first) << 32, sortable32(r.arrival_ms))
+                (2, sunk_key << 32, u64::from(sortable32(r.arrival_ms)))
             }
-            (true, false) => (5, u64::from(more_sunk_first) << 32, sortable32(r.arrival_ms)),
-            (false, true) => (3, sortable(slack_ms), more_sunk_first),
-            (false, false) => (4, sortable(-slack_ms), more_sunk_first),
+            (true, false) => (5, sunk_key << 32, u64::from(sortable32(r.arrival_ms))),
+            (false, true) => (3, sortable(slack_ms), sunk_key),
+            (false, false) => (4, sortable(-slack_ms), sunk_key),
         }
     }
 
@@ -815,12 +835,15 @@ impl Meridian {
     /// Time to spare before the request's next milestone, given the expected remaining work:
     /// the TTFAT deadline after the expected remaining thinking, and the TTFT deadline for a
     /// request that has not produced a token yet.
-    #[inline]
+    #[inline(always)]
     fn think_slack_ms(&self, now_ms: f64, r: &Hot, targets: &SloTargets, step_ms: f64) -> f64 {
         // The median of the remaining thinking given what the request has already thought (the
         // mean of a heavy tail is dominated by the few longest and would judge most requests
         // late long before they are).
-        let expected_think_tokens = if r.is_reasoning {
+        let expected_think_tokens = if r.is_reasoning && r.num_think_tokens == 0 {
+            // Every waiting request: the class's value, read once per plan.
+            self.fresh_think_p50_tokens[r.class.index()]
+        } else if r.is_reasoning {
             self.lengths[r.class.index()].think.remaining_quantile(r.num_think_tokens, Quantile::P50)
         } else {
             0.0
@@ -847,14 +870,14 @@ impl Meridian {
     /// starvation bound (measured: interactive TTFT p90 63 s on a held-out trace); why not plain
     /// earliest-deadline-first: under overload the late requests would take the capacity and
     /// make everyone late (EDF collapse). Among late requests at the bound, the oldest goes first.
-    #[inline]
+    #[inline(always)]
     fn waiting_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
         let r = self.hot(handle);
         match self.config.policy {
             Policy::Meridian => {}
             // vLLM's own order: preempted requests (back at the head) first, then arrival.
             Policy::AnswerFirst | Policy::Pascal => {
-                return (u8::from(!r.preempted), sortable(r.arrival_ms), 0)
+                return (u64::from(!r.preempted), sortable(r.arrival_ms), 0)
             }
             Policy::UniBoost => return (0, sortable(self.boosted_arrival_ms(r)), 0),
             Policy::Scorpio => return self.scorpio_waiting_key(now_ms, r),
@@ -878,12 +901,12 @@ impl Meridian {
             return (
                 7,
                 u64::from(u8::MAX) << 56 | sortable(late_bound_ms - waited_ms) >> 8,
-                sortable32(r.arrival_ms),
+                u64::from(sortable32(r.arrival_ms)),
             );
         }
         let rank = self.class_table[r.class.index()].1;
         let aged_rank = u64::from(rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8));
-        (7, aged_rank << 56 | sortable(slack_ms) >> 8, sortable32(r.arrival_ms))
+        (7, aged_rank << 56 | sortable(slack_ms) >> 8, u64::from(sortable32(r.arrival_ms)))
     }
 
     /// UniBoost's key: the arrival pushed back by the work the request has made known (prompt and
@@ -938,7 +961,7 @@ impl Meridian {
                     let lengths = &self.lengths[r.class.index()];
                     let expected =
                         lengths.think.expected_remaining(r.num_think_tokens) + lengths.answer.mean();
-                    let growth = ((expected * fraction).ceil() as u64).min(left_by_limit);
+                    let growth = ceil_tokens(expected * fraction).min(left_by_limit);
                     reserve += (num_tokens + growth).div_ceil(block_size) - num_tokens.div_ceil(block_size);
                 }
                 continue;
@@ -948,8 +971,7 @@ impl Meridian {
             if self.config.answer_kv_reserve {
                 // Blocks this answer is expected to need before it finishes.
                 let expected =
-                    self.lengths[r.class.index()].answer.expected_remaining(r.num_answer_tokens).ceil()
-                        as u64;
+                    ceil_tokens(self.lengths[r.class.index()].answer.expected_remaining(r.num_answer_tokens));
                 let growth = expected.min(left_by_limit);
                 reserve += (num_tokens + growth).div_ceil(block_size) - num_tokens.div_ceil(block_size);
             }
@@ -1278,6 +1300,14 @@ impl Meridian {
             self.hot[handle.slot()] = Hot::of(r, handle);
         }
     }
+}
+
+/// `x.ceil() as u64` for a non-negative token estimate, without `ceil` (a library call on the
+/// baseline x86-64 target, once per answering request per step); saturates like the cast.
+#[inline]
+fn ceil_tokens(x: f64) -> u64 {
+    let whole = x as u64;
+    whole + u64::from((whole as f64) < x)
 }
 
 /// [`sortable`] for a tie-break key, at f32 precision.

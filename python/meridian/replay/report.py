@@ -44,6 +44,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         name: _summarize_group([t for t in timelines if t.slo_class == name], duration_s)
         for name in sorted({t.slo_class for t in timelines})
     }
+    summary["first_minute"] = first_minute(timelines)
     summary.update(
         policy=result.policy,
         duration_s=duration_s,
@@ -52,6 +53,22 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         answer_preemption_alarms=run.num_answer_preemption_alarms,
     )
     return summary
+
+
+#: The cohort ``first_minute`` reports: requests arriving this soon after the first arrival.
+FIRST_MINUTE_MS = 60_000.0
+
+
+def first_minute(timelines: Sequence[Timeline]) -> dict[str, Any]:
+    """How the requests that arrived in the first minute fared: the cohort served while a
+    length predictor still holds little more than its prior (the same requests for every
+    policy, so their counts compare directly)."""
+    if not timelines:
+        return {"submitted": 0, "good": 0, "attainment": None}
+    start_ms = min(t.arrival_ms for t in timelines)
+    cohort = [t for t in timelines if t.arrival_ms < start_ms + FIRST_MINUTE_MS]
+    good = sum(1 for t in cohort if t.report is not None and t.report.reason == "stopped" and t.report.met_all)
+    return {"submitted": len(cohort), "good": good, "attainment": good / len(cohort)}
 
 
 def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[str, Any]:

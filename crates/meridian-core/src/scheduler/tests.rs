@@ -943,7 +943,7 @@ fn arrival_preemption_spares_answers_equals_and_the_disabled() {
 
 #[test]
 fn a_late_thinker_yields_to_prompt_chunks_until_its_class_bound_then_decodes_ahead_of_them() {
-    let mut core = engine();
+    let mut core = engine_with(Config::from_json(r#"{"late_think_ttfat_factor": 1}"#).unwrap());
     // Interactive: TTFAT target 15 s, so the bound is (1 + 1) × 15 s = 30 s after arrival.
     let late = add_class(&mut core, "late", 0.0, 16, Some("interactive"));
     think(&mut core, 1_000.0, late, 3);
@@ -954,8 +954,8 @@ fn a_late_thinker_yields_to_prompt_chunks_until_its_class_bound_then_decodes_ahe
     let fresher = prompt_at(&mut core, "fresher", 31_000.0);
     let plan = core.plan_step(31_000.0, &[late, fresher], &[], 1000).unwrap();
     assert_eq!(plan.running_order, vec![0, 1], "31 s in: past its bound, its decode leads the chunk");
-    let config = Config::from_json(r#"{"late_think_ttfat_factor": 0}"#).unwrap();
-    let mut core = engine_with(config);
+    // The default, factor 0: a late decode never yields.
+    let mut core = engine();
     let late = add_class(&mut core, "late", 0.0, 16, Some("interactive"));
     think(&mut core, 1_000.0, late, 3);
     let fresh = prompt_at(&mut core, "fresh", 20_000.0);
@@ -1028,4 +1028,11 @@ fn scorpio_admits_up_to_the_virtual_batch_size_the_tightest_tpot_allows() {
     let mut core = engine_with_policy("scorpio");
     let waiting: Vec<_> = (0..12).map(|i| add(&mut core, &format!("s{i}"), f64::from(i), 200_000)).collect();
     assert_eq!(core.plan_step(20.0, &[], &waiting, 1_000_000).unwrap().num_admissible, 11);
+}
+
+proptest! {
+    #[test]
+    fn ceil_tokens_is_ceil_for_token_estimates(x in 0.0f64..1e12) {
+        prop_assert_eq!(ceil_tokens(x), x.ceil() as u64);
+    }
 }
