@@ -45,6 +45,15 @@ bench: setup  ## Decision time (criterion) and the shim's per-step overhead agai
 	cargo bench -p meridian-core --bench plan_step
 	$(PY) bench/shim_overhead.py
 
+.PHONY: bench-live-setup
+bench-live-setup:  ## Install the live A/B's load generator (bench/requirements-live.txt) into .venv-bench
+	uv venv --quiet --allow-existing .venv-bench
+	uv pip install --quiet --python .venv-bench/bin/python -r bench/requirements-live.txt
+
+.PHONY: bench-live
+bench-live: setup bench-live-setup  ## Live A/B: stock vLLM vs Meridian under aiperf, alternating rounds (bench/live_ab.py)
+	$(PY) bench/live_ab.py
+
 .PHONY: tiny-model
 tiny-model: setup  ## Retrain the tiny reasoning model fixture (seeded, ~5 min on 2 cores) and rewrite its manifest
 	$(PY) scripts/train_tiny.py tests/fixtures/tiny-reasoner --steps 1500 --seed 0
