@@ -34,6 +34,13 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# The client-side failures of earlier runs ("Can not write request body", ClientOSError: "Cannot
+# write to closing transport"): the API server (uvicorn) closes a keep-alive connection after 5 s
+# idle (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE), aiohttp keeps idle pooled connections for 15 s, so
+# under bursty open-loop arrivals the generator writes a request into a connection the server is
+# closing. A server keep-alive longer than the client's closes that window; it is a property of
+# the HTTP stack, not of either scheduler (it hit the stock server first, in the round's bursts).
+os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
 
 from meridian.demo.live import BASE_ARGS, LIVE_CONFIG  # noqa: E402
 from meridian.demo.server import VllmServer, stream_chat  # noqa: E402
@@ -138,6 +145,20 @@ def read_export(artifacts: Path) -> dict[str, Any]:
     return row
 
 
+def meridian_cost(step_log: Path) -> dict[str, float] | None:
+    """Meridian's own per-step cost in the live server, from its step log: the median of
+    ``meridian_ms`` and its share of the summed step time (``None`` for stock vLLM: no log)."""
+    if not step_log.exists():
+        return None
+    records = [json.loads(line) for line in step_log.read_text().splitlines() if line.strip()]
+    if not records:
+        return None
+    total_step_ms = sum(r["step_ms"] for r in records)
+    return {"num_steps": len(records), "median_meridian_ms": statistics.median(r["meridian_ms"] for r in records),
+            "median_step_ms": statistics.median(r["step_ms"] for r in records),
+            "meridian_share_of_step_time": sum(r["meridian_ms"] for r in records) / total_step_ms if total_step_ms else 0.0}
+
+
 def run_round(k: int, policy: str, args: argparse.Namespace, dataset: Path) -> dict[str, Any]:
     out: Path = args.out
     step_log = out / f"steps-{k}-{policy}.jsonl"
@@ -159,9 +180,12 @@ def run_round(k: int, policy: str, args: argparse.Namespace, dataset: Path) -> d
             raise RuntimeError(f"aiperf exited with {result.returncode}; log: {out / f'aiperf-{k}-{policy}.log'}")
         row = {"round": k, "policy": policy, "wall_s": time.monotonic() - started, "placement": placement,
                **read_export(artifacts)}
+    row["meridian_cost"] = meridian_cost(step_log)
     print(f"round {k} {policy:8s} TTFO p50/p99 {row['ttfo_p50_ms']:.0f}/{row['ttfo_p99_ms']:.0f} ms  "
           f"TTFT p50 {row['ttft_p50_ms']:.0f} ms  ITL p99 {row['itl_p99_ms']:.1f} ms  "
-          f"{row['output_tok_s']:.0f} tok/s  errors {row['errors']}", flush=True)
+          f"{row['output_tok_s']:.0f} tok/s  errors {row['errors']}"
+          + (f"  Meridian {row['meridian_cost']['meridian_share_of_step_time']:.1%} of step time"
+             if row["meridian_cost"] else ""), flush=True)
     return row
 
 

@@ -50,6 +50,8 @@ HANDLE_ATTR = "meridian_handle"
 STEP_ATTR = "meridian_step_id"
 #: Attribute holding the batch shape on a ``SchedulerOutput``.
 SHAPE_ATTR = "meridian_step_shape"
+#: Attribute holding Meridian's own share of ``schedule()`` (ms) on a ``SchedulerOutput``.
+COST_ATTR = "meridian_schedule_ms"
 #: Finished-request reports kept for inspection (tests, the demo, operators' debugging).
 MAX_REPORTS = 10_000
 
@@ -124,6 +126,7 @@ class MeridianScheduler(AsyncScheduler):
         super().add_request(request)
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        started = time.perf_counter()
         self._take_thinking_stops()
         self._add_probes()
         plan = self.meridian.plan_step(
@@ -142,35 +145,43 @@ class MeridianScheduler(AsyncScheduler):
         self.waiting.apply_plan(plan.waiting_order, plan.num_admissible)
         self._preempt_on_arrival(victims, plan.num_admissible)
         self.max_num_scheduled_tokens = plan.token_budget
+        handed_over = time.perf_counter()
         try:
             output = super().schedule(throttle_prefills)
         finally:
             self.waiting.close_gate()
             self.running.extend(held)
+        returned = time.perf_counter()
         setattr(output, STEP_ATTR, plan.step_id)
         setattr(output, SHAPE_ATTR, convert.step_shape(output, self.requests))
         if output.preempted_req_ids:
             self._record_preemptions(output.preempted_req_ids)
         self.probes.count_cached(output)
+        # Meridian's own share of the call, vLLM's scheduling left out: what the step log reports.
+        setattr(output, COST_ATTR, (handed_over - started + time.perf_counter() - returned) * 1000.0)
         return output
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> dict[int, EngineCoreOutputs]:
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        started = time.perf_counter()
         now_ms = self.clock_ms()
         step_id = getattr(scheduler_output, STEP_ATTR, None)
         shape = getattr(scheduler_output, SHAPE_ATTR, None)
+        step_ms = None
         if step_id is not None and shape is not None:
             step_ms = self.meridian.on_step_output(
                 now_ms, step_id, shape["num_prefill_tokens"], shape["num_decode_requests"], shape["num_context_tokens"]
             )
-            self._log_step(shape, step_ms)
         self._record_tokens(now_ms, outputs.values())
         self._emit_rejections(outputs)
         self.probes.drop_outputs(outputs, self.requests)
         if self._bus is not None:
             self._bus.publish_attainment(self.meridian.recent_ttfat_attainment())
+        if shape is not None:
+            meridian_ms = getattr(scheduler_output, COST_ATTR, 0.0) + (time.perf_counter() - started) * 1000.0
+            self._log_step(shape, step_ms, meridian_ms)
         return outputs
 
     def has_requests(self) -> bool:
@@ -309,11 +320,13 @@ class MeridianScheduler(AsyncScheduler):
             self.kv_cache_manager.evict_blocks(block_ids)
             self.num_reasoning_blocks_evicted += len(block_ids)
 
-    def _log_step(self, shape: dict[str, int], step_ms: float | None) -> None:
+    def _log_step(self, shape: dict[str, int], step_ms: float | None, meridian_ms: float) -> None:
         # The core measured the step (from when it could start until its output); the log
-        # records what the core folded into its step-time model.
+        # records what the core folded into its step-time model, and what Meridian itself spent
+        # on the step in schedule() and update_from_output() (vLLM's own work left out).
         if self._step_log is not None and step_ms is not None:
-            self._step_log.write(json.dumps({**shape, "step_ms": round(step_ms, 4)}) + "\n")
+            record = {**shape, "step_ms": round(step_ms, 4), "meridian_ms": round(meridian_ms, 4)}
+            self._step_log.write(json.dumps(record) + "\n")
 
     def shutdown(self) -> None:
         if self._bus is not None:
