@@ -88,11 +88,11 @@ def round_order(num_rounds: int) -> list[str]:
     return [pattern[i % len(pattern)] for i in range(num_rounds)]
 
 
-def server_args(policy: str, step_log: Path) -> list[str]:
+def server_args(policy: str, step_log: Path, meridian_config: dict[str, Any]) -> list[str]:
     spec = MERIDIAN if policy == "meridian" else STOCK
     args = [*BASE_ARGS, "--scheduling-policy", spec.vllm_policy]
     if spec.meridian_policy is not None:
-        config = dict(LIVE_CONFIG, step_log_path=str(step_log))
+        config = dict(LIVE_CONFIG, **meridian_config, step_log_path=str(step_log))
         args += ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional_config(spec, config))]
     return args
 
@@ -163,7 +163,7 @@ def run_round(k: int, policy: str, args: argparse.Namespace, dataset: Path) -> d
     out: Path = args.out
     step_log = out / f"steps-{k}-{policy}.jsonl"
     step_log.unlink(missing_ok=True)
-    with VllmServer(MODEL, server_args(policy, step_log), log_path=out / f"serve-{k}-{policy}.log", cache_dir=CACHE) as srv:
+    with VllmServer(MODEL, server_args(policy, step_log, args.meridian_config), log_path=out / f"serve-{k}-{policy}.log", cache_dir=CACHE) as srv:
         placement = pin(srv) if args.pin else None
         time.sleep(args.cooldown_s)
         for i in range(args.warmup):
@@ -215,6 +215,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="aiperf's --workers-max")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
     parser.add_argument("--timeout-s", type=float, default=900.0)
+    parser.add_argument("--meridian-config", type=json.loads, default={},
+                        help="JSON merged into Meridian's config (the live demo's class), e.g. '{\"answer_kv_reserve\": false}'")
     parser.add_argument("--aiperf", type=Path, default=Path(os.environ.get("AIPERF", DEFAULT_AIPERF)))
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / f"live_ab_{time.strftime('%Y-%m-%d')}")
     args = parser.parse_args()
