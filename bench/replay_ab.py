@@ -96,6 +96,23 @@ def _fcfs_attainment(workload: Workload, scales: tuple[float, ...]) -> list[dict
     return [{"rate_scale": r.rate_scale, "attainment": r.summary["attainment"]} for r in report.runs]
 
 
+def replay_variants(name: str, variants: dict[str, dict[str, object]]) -> dict[str, dict]:
+    """Stock FCFS and Meridian under each of ``variants`` (label → its ``meridian`` config) on
+    workload ``name`` at its ``HALF_LOAD``: the side-by-side rows of the sweep benches."""
+    options = replace(workloads(0)[name].options, rate_scales=(HALF_LOAD[name],))
+    rows = {"vllm-fcfs": run_replay(replace(options, policies=("vllm-fcfs",))).runs[0].summary}
+    for label, config in variants.items():
+        rows[label] = run_replay(replace(options, policies=("meridian",), meridian_config=config)).runs[0].summary
+    return rows
+
+
+def write_results(results: dict[str, object], path: Path | None) -> None:
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {path}")
+
+
 def fcfs_load_at(
     workload: Workload, target: float, probes: list[dict[str, float]] | None = None, rounds: int = 2
 ) -> tuple[float, list[dict[str, float]]]:
@@ -246,10 +263,7 @@ def main() -> int:
         if args.second_point:
             results[name]["second_point"] = second_point(workload, probes)
         print(f"    ({time.monotonic() - started:.0f} s wall)")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_results(results, args.json)
     return 0
 
 

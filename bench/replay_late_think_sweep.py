@@ -14,19 +14,17 @@ and TTFT p99 stay at or under FCFS's, judged on both workloads. Virtual time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_ab import HALF_LOAD, workloads  # noqa: E402
+from replay_ab import HALF_LOAD, replay_variants, workloads, write_results  # noqa: E402
 
-from meridian.replay.runner import default_meridian_config, run_replay  # noqa: E402
+from meridian.replay.runner import default_meridian_config  # noqa: E402
 
 
 def tails(summary: dict) -> str:
@@ -45,22 +43,17 @@ def main() -> int:
     available = workloads(0)
     results: dict[str, object] = {}
     for name in args.workloads or list(available):
-        options = replace(available[name].options, rate_scales=(HALF_LOAD[name],))
         started = time.monotonic()
-        rows = {"vllm-fcfs": run_replay(replace(options, policies=("vllm-fcfs",))).runs[0].summary}
-        for factor in args.factors:
-            config = {**default_meridian_config(), "late_think_ttfat_factor": factor}
-            rows[f"meridian, factor {factor:g}"] = run_replay(
-                replace(options, policies=("meridian",), meridian_config=config)).runs[0].summary
+        rows = replay_variants(name, {f"meridian, factor {factor:g}":
+                                      {**default_meridian_config(), "late_think_ttfat_factor": factor}
+                                      for factor in args.factors})
         fcfs = rows["vllm-fcfs"]
         print(f"\n=== {name} at ×{HALF_LOAD[name]:.3g} ({time.monotonic() - started:.0f} s wall)")
         for label, s in rows.items():
             print(f"  {label:<24} goodput {s['goodput_rps']:.3f} ({s['goodput_rps'] / fcfs['goodput_rps']:.2f}× FCFS)  "
                   f"{tails(s)}")
         results[name] = {"rate_scale": HALF_LOAD[name], "policies": rows}
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_results(results, args.json)
     return 0
 
 

@@ -20,16 +20,15 @@ import json
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_ab import HALF_LOAD, workloads  # noqa: E402
+from replay_ab import HALF_LOAD, replay_variants, workloads, write_results  # noqa: E402
 
 from meridian._core import Config  # noqa: E402
-from meridian.replay.runner import default_meridian_config, run_replay  # noqa: E402
+from meridian.replay.runner import default_meridian_config  # noqa: E402
 
 SCALES = (0.1, 10.0)
 
@@ -51,13 +50,9 @@ def main() -> int:
     available = workloads(0)
     results: dict[str, object] = {}
     for name in args.workloads or list(available):
-        options = replace(available[name].options, rate_scales=(HALF_LOAD[name],))
         started = time.monotonic()
-        rows = {"vllm-fcfs": run_replay(replace(options, policies=("vllm-fcfs",))).runs[0].summary}
+        rows = replay_variants(name, {f"meridian, prior ×{scale:g}": scaled_prior(scale) for scale in SCALES})
         fcfs = rows["vllm-fcfs"]
-        for scale in SCALES:
-            run = run_replay(replace(options, policies=("meridian",), meridian_config=scaled_prior(scale)))
-            rows[f"meridian, prior ×{scale:g}"] = run.runs[0].summary
         print(f"\n=== {name} at ×{HALF_LOAD[name]:.3g} ({time.monotonic() - started:.0f} s wall)")
         for label, s in rows.items():
             g, t = s["goodput_rps"] / fcfs["goodput_rps"], s["throughput_tok_s"] / fcfs["throughput_tok_s"]
@@ -69,9 +64,7 @@ def main() -> int:
                   f"{first}/{s['first_minute']['submitted']}  throughput {t:.3f}× FCFS"
                   f"  TTFAT p99 {s['ttfat_ms']['p99'] / 1e3:.0f} s{verdict}")
         results[name] = {"rate_scale": HALF_LOAD[name], "policies": rows}
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    write_results(results, args.json)
     return 0
 
 

@@ -814,6 +814,13 @@ impl Meridian {
         }
     }
 
+    /// The step-time model's time to compute `num_tokens` of prompt (a first prefill, or the
+    /// recompute of a preempted request's tokens).
+    #[inline]
+    fn prefill_ms(&self, num_tokens: u32) -> f64 {
+        self.step_model.predict_ms(StepShape { num_prefill_tokens: num_tokens, ..StepShape::default() })
+    }
+
     /// How long a late thinker yields its decode to prompt chunks: until it has been in the
     /// system `1 + late_think_ttfat_factor` times its class's TTFAT target.
     #[inline]
@@ -850,9 +857,7 @@ impl Meridian {
         };
         let ttfat_slack = r.arrival_ms + targets.ttfat_ms - now_ms - (expected_think_tokens + 1.0) * step_ms;
         if !r.has_started {
-            let prefill_ms = self
-                .step_model
-                .predict_ms(StepShape { num_prefill_tokens: r.num_tokens, ..StepShape::default() });
+            let prefill_ms = self.prefill_ms(r.num_tokens);
             let ttft_slack = r.arrival_ms + targets.ttft_ms - now_ms - prefill_ms;
             ttfat_slack.min(ttft_slack)
         } else {
@@ -924,9 +929,7 @@ impl Meridian {
             return (0, sortable(r.arrival_ms), 0);
         }
         let deadline_ms = r.arrival_ms + self.targets(r.class).ttft_ms;
-        let prefill_ms = self
-            .step_model
-            .predict_ms(StepShape { num_prefill_tokens: r.num_tokens, ..StepShape::default() });
+        let prefill_ms = self.prefill_ms(r.num_tokens);
         let attainable = now_ms + prefill_ms <= deadline_ms;
         (if attainable { 1 } else { 2 }, sortable(deadline_ms), 0)
     }
@@ -1069,9 +1072,7 @@ impl Meridian {
             if !eligible {
                 continue;
             }
-            let recompute_ms = self
-                .step_model
-                .predict_ms(StepShape { num_prefill_tokens: r.num_tokens, ..StepShape::default() });
+            let recompute_ms = self.prefill_ms(r.num_tokens);
             let net_ms = self.think_slack_ms(now_ms, r, &self.targets(r.class), step_ms) - recompute_ms;
             if best.is_none_or(|(b, _, _)| net_ms >= b) {
                 best = Some((net_ms, i as u32, u64::from(r.num_tokens).div_ceil(block_size)));
@@ -1111,12 +1112,7 @@ impl Meridian {
             blocks_left -= need;
             admitted += 1;
         }
-        // With nothing running nothing can free memory: let vLLM try the head itself, so a
-        // request whose estimate is too pessimistic can never wedge the engine.
-        if admitted == 0 && num_running == 0 && !order.is_empty() && seats > 0 {
-            admitted = 1;
-        }
-        admitted as u32
+        at_least_one_when_idle(admitted as u32, num_running, order.len(), seats)
     }
 
     /// SCORPIO's TPOT guard (virtual batch size): admit from the head of `order` while the decode
@@ -1145,10 +1141,7 @@ impl Meridian {
             }
             admitted += 1;
         }
-        if admitted == 0 && num_running == 0 && !order.is_empty() && seats > 0 {
-            admitted = 1;
-        }
-        admitted
+        at_least_one_when_idle(admitted, num_running, order.len(), seats)
     }
 
     /// Sarathi-style stall-free budget: while anyone answers, the step must fit the tightest
@@ -1299,6 +1292,16 @@ impl Meridian {
         if let Some(r) = self.slots.get(handle.slot()).and_then(|s| s.request.as_ref()) {
             self.hot[handle.slot()] = Hot::of(r, handle);
         }
+    }
+}
+
+/// With nothing running nothing can free memory: let vLLM try the head itself, so a request
+/// whose estimate is too pessimistic can never wedge the engine.
+fn at_least_one_when_idle(admitted: u32, num_running: usize, num_waiting: usize, seats: usize) -> u32 {
+    if admitted == 0 && num_running == 0 && num_waiting > 0 && seats > 0 {
+        1
+    } else {
+        admitted
     }
 }
 

@@ -157,8 +157,9 @@ class MeridianScheduler(AsyncScheduler):
         if output.preempted_req_ids:
             self._record_preemptions(output.preempted_req_ids)
         self.probes.count_cached(output)
-        # Meridian's own share of the call, vLLM's scheduling left out: what the step log reports.
-        setattr(output, COST_ATTR, (handed_over - started + time.perf_counter() - returned) * 1000.0)
+        if self._step_log is not None:
+            # Meridian's own share of the call, vLLM's scheduling left out: what the step log reports.
+            setattr(output, COST_ATTR, (handed_over - started + time.perf_counter() - returned) * 1000.0)
         return output
 
     def update_from_output(
@@ -179,7 +180,7 @@ class MeridianScheduler(AsyncScheduler):
         self.probes.drop_outputs(outputs, self.requests)
         if self._bus is not None:
             self._bus.publish_attainment(self.meridian.recent_ttfat_attainment())
-        if shape is not None:
+        if self._step_log is not None and shape is not None:
             meridian_ms = getattr(scheduler_output, COST_ATTR, 0.0) + (time.perf_counter() - started) * 1000.0
             self._log_step(shape, step_ms, meridian_ms)
         return outputs
