@@ -1,6 +1,8 @@
 # Meridian developer targets. `make help` lists them.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# scripts/setup.sh installs uv with pip where it is missing.
+UV = $(shell command -v uv >/dev/null 2>&1 && echo uv || echo python3 -m uv)
 export OMP_NUM_THREADS ?= 1
 
 .DEFAULT_GOAL := help
@@ -14,7 +16,7 @@ setup:  ## Create .venv with vLLM's CPU build and install Meridian's wheel into 
 	bash scripts/setup.sh
 
 .PHONY: demo
-demo: setup  ## Set everything up, then run the main job (stock vLLM vs Meridian side by side)
+demo: setup bench-live-setup  ## Set everything up, then run the main job (stock vLLM vs Meridian side by side)
 	$(VENV)/bin/meridian demo
 
 .PHONY: lint
@@ -38,7 +40,7 @@ test-fast:  ## pytest without the live servers and the GPU (a few minutes)
 	$(PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/live --ignore=tests/gpu
 
 .PHONY: test
-test: setup lint test-rust test-py  ## Set everything up and run every test
+test: setup bench-live-setup lint test-rust test-py  ## Set everything up and run every test
 
 .PHONY: bench
 bench: setup  ## Decision time (criterion) and the shim's per-step overhead against stock vLLM
@@ -46,20 +48,22 @@ bench: setup  ## Decision time (criterion) and the shim's per-step overhead agai
 	$(PY) bench/shim_overhead.py
 
 .PHONY: bench-live-setup
-bench-live-setup:  ## Install the live A/B's load generator (bench/requirements-live.txt) into .venv-bench
-	uv venv --quiet --allow-existing .venv-bench
-	uv pip install --quiet --python .venv-bench/bin/python -r bench/requirements-live.txt
+bench-live-setup: setup  ## Install the load generator of the live A/B and demo (bench/requirements-live.txt) into .venv-bench
+	$(UV) venv --quiet --allow-existing --python "$$(command -v python3)" .venv-bench
+	$(UV) pip install --quiet --python .venv-bench/bin/python -r bench/requirements-live.txt
 
 .PHONY: bench-live
-bench-live: setup bench-live-setup  ## Live A/B: stock vLLM vs Meridian under aiperf, alternating rounds (bench/live_ab.py)
-	$(PY) bench/live_ab.py
+bench-live: setup bench-live-setup  ## Live A/B: stock vLLM vs Meridian under aiperf, alternating rounds, both models (bench/live_ab.py)
+	$(PY) bench/live_ab.py --model tiny
+	$(PY) bench/live_ab.py --model compute
 
 .PHONY: tiny-model
 tiny-model: setup  ## Retrain the tiny reasoning model fixture (seeded, ~5 min on 2 cores) and rewrite its manifest
 	$(PY) scripts/train_tiny.py tests/fixtures/tiny-reasoner --steps 1500 --seed 0
-	$(PY) -c "import hashlib, json, pathlib, torch; d = pathlib.Path('tests/fixtures/tiny-reasoner'); \
-	  m = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir()) if p.name != 'MANIFEST.json'}; \
-	  (d / 'MANIFEST.json').write_text(json.dumps({'made_by': 'python scripts/train_tiny.py tests/fixtures/tiny-reasoner --steps 1500 --seed 0', 'torch': torch.__version__, 'sha256': m}, indent=2) + '\n')"
+
+.PHONY: compute-model
+compute-model: setup  ## Retrain the compute-bound fixture (head size 64, 4 layers; seeded, ~25 min on 2 cores)
+	$(PY) scripts/train_tiny.py tests/fixtures/compute-reasoner --shape compute --steps 1500 --lr 1e-3 --seed 0 --half
 
 .PHONY: wheel
 wheel:  ## Build the abi3 wheel into build/wheels

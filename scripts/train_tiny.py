@@ -9,7 +9,7 @@ Greedy decoding therefore thinks for about N·1.35 tokens and answers with exact
 format (prompt and completion words) lives in ``meridian.offline.tiny``; this script, which needs
 ``transformers`` and trains with torch, is a development tool and not part of the package.
 
-    python scripts/train_tiny.py OUT_DIR [--steps 1500] [--seed 0]
+    python scripts/train_tiny.py OUT_DIR [--shape tiny|compute] [--steps 1500] [--seed 0] [--half]
 
 Invariant: the same seed, step count and torch build give the same weights; the written folder
 is a complete model vLLM loads (config, tokenizer, chat template, safetensors weights).
@@ -20,10 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
-from meridian.offline.tiny import MAX_ANSWER, MAX_THINK, completion_words, prompt_words, vocabulary, write_tiny_model
+from meridian.offline.tiny import MAX_ANSWER, MAX_THINK, MODEL_SHAPES, completion_words, prompt_words, vocabulary, write_tiny_model
 
 
 def make_example(rng: random.Random, vocab: dict[str, int]) -> tuple[list[int], list[int]]:
@@ -35,13 +36,15 @@ def make_example(rng: random.Random, vocab: dict[str, int]) -> tuple[list[int], 
     return prompt + completion, [0] * len(prompt) + [1] * len(completion)
 
 
-def train(out_dir: str | Path, *, steps: int = 1500, seed: int = 0, batch_size: int = 32, lr: float = 3e-3) -> Path:
-    """Trains from scratch and writes the model folder; returns its path."""
+def train(out_dir: str | Path, *, shape: str = "tiny", steps: int = 1500, seed: int = 0, batch_size: int = 32, lr: float = 3e-3,
+          half: bool = False) -> Path:
+    """Trains from scratch and writes the model folder; returns its path. ``half`` stores the
+    weights as float16 (half the file; vLLM casts them back with ``--dtype float32``)."""
     import torch
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    out = write_tiny_model(out_dir, max_position_embeddings=512)
+    out = write_tiny_model(out_dir, shape=MODEL_SHAPES[shape], max_position_embeddings=512)
     config_dict = json.loads((out / "config.json").read_text())
     vocab = vocabulary()
     torch.manual_seed(seed)
@@ -71,9 +74,22 @@ def train(out_dir: str | Path, *, steps: int = 1500, seed: int = 0, batch_size: 
         schedule.step()
         if step % 100 == 0 or step == steps - 1:
             print(f"step {step:5d}  loss {loss.item():.4f}  {time.monotonic() - started:6.1f}s", flush=True)
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    dtype = torch.float16 if half else torch.float32
+    state = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
+
+
+def write_manifest(out_dir: Path, made_by: str) -> None:
+    """``MANIFEST.json``: the command that made the folder, the torch build, every file's sha256
+    (the fixture test checks them)."""
+    import hashlib
+
+    import torch
+
+    digests = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out_dir.iterdir()) if p.name != "MANIFEST.json"}
+    manifest = {"made_by": made_by, "torch": torch.__version__, "sha256": digests}
+    (out_dir / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
 
 def main() -> int:
@@ -81,11 +97,15 @@ def main() -> int:
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shape", choices=sorted(MODEL_SHAPES), default="tiny")
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--half", action="store_true", help="store float16 weights")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(2)
-    train(args.out_dir, steps=args.steps, seed=args.seed)
+    train(args.out_dir, shape=args.shape, steps=args.steps, seed=args.seed, lr=args.lr, half=args.half)
+    write_manifest(args.out_dir, "python scripts/train_tiny.py " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The tiny reasoning-format model fixture (tests/fixtures/tiny-reasoner): its files are the
+"""The trained reasoning-format fixtures (tests/fixtures/tiny-reasoner and, in the compute-bound
+shape, tests/fixtures/compute-reasoner): their files are the
 documented ones, its config and tokenizer are what the generator writes, the training data has
 the promised shape, and greedy decoding through vLLM's real CPU engine follows the prompt's
 lengths — with stock vLLM's scheduler and with MeridianScheduler, token for token."""
@@ -12,22 +13,30 @@ from pathlib import Path
 
 import pytest
 
-from meridian.offline.tiny import FILLERS, LETTERS, completion_words, prompt_words, vocabulary, write_tiny_model
+from meridian.offline.tiny import FILLERS, LETTERS, MODEL_SHAPES, completion_words, prompt_words, vocabulary, write_tiny_model
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+#: (shape name, fixture folder, largest weights file allowed in the repository).
+MODELS = [("tiny", "tiny-reasoner", 4 * 1024 * 1024), ("compute", "compute-reasoner", 10 * 1024 * 1024)]
+by_model = pytest.mark.parametrize(("shape", "folder", "max_bytes"), MODELS, ids=[m[0] for m in MODELS])
 
 
-def test_fixture_files_match_the_documented_hashes() -> None:
+@by_model
+def test_fixture_files_match_the_documented_hashes(shape: str, folder: str, max_bytes: int) -> None:
+    FIXTURE = FIXTURES / folder
     manifest = json.loads((FIXTURE / "MANIFEST.json").read_text())
     files = {p.name for p in FIXTURE.iterdir()} - {"MANIFEST.json"}
     assert files == set(manifest["sha256"])
     for name, digest in manifest["sha256"].items():
         assert hashlib.sha256((FIXTURE / name).read_bytes()).hexdigest() == digest, name
-    assert (FIXTURE / "model.safetensors").stat().st_size < 4 * 1024 * 1024
+    assert (FIXTURE / "model.safetensors").stat().st_size < max_bytes
+    assert f"--shape {shape}" in manifest["made_by"] or shape == "tiny"
 
 
-def test_generator_reproduces_config_and_tokenizer(tmp_path: Path) -> None:
-    write_tiny_model(tmp_path, max_position_embeddings=512)
+@by_model
+def test_generator_reproduces_config_and_tokenizer(tmp_path: Path, shape: str, folder: str, max_bytes: int) -> None:
+    FIXTURE = FIXTURES / folder
+    write_tiny_model(tmp_path, shape=MODEL_SHAPES[shape], max_position_embeddings=512)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (tmp_path / name).read_bytes() == (FIXTURE / name).read_bytes(), name
 
@@ -47,7 +56,10 @@ def test_training_sequences_count_down_then_answer() -> None:
 
 
 @pytest.mark.vllm
-def test_greedy_generation_through_vllm_follows_the_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+@by_model
+def test_greedy_generation_through_vllm_follows_the_prompt(monkeypatch: pytest.MonkeyPatch, shape: str, folder: str,
+                                                           max_bytes: int) -> None:
+    FIXTURE = FIXTURES / folder
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: deterministic steps
     from vllm import LLM, SamplingParams
 
@@ -56,7 +68,7 @@ def test_greedy_generation_through_vllm_follows_the_prompt(monkeypatch: pytest.M
     for name, scheduler_cls in (("vllm", None), ("meridian", "meridian.vllm.MeridianScheduler")):
         llm = LLM(
             model=str(FIXTURE), dtype="float32", enforce_eager=True, max_model_len=512, block_size=32,
-            kv_cache_memory_bytes=2 * 1024 * 1024, reasoning_parser="deepseek_r1", seed=0, max_num_seqs=8,
+            kv_cache_memory_bytes=16 * 1024 * 1024, reasoning_parser="deepseek_r1", seed=0, max_num_seqs=8,
             scheduler_cls=scheduler_cls,
         )
         vocab = llm.get_tokenizer().get_vocab()

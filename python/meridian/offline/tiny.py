@@ -1,7 +1,7 @@
 """The tiny reasoning model's format: its vocabulary, its model folder and its task.
 
-``write_tiny_model(path)`` writes a Qwen3-architecture ``config.json`` (head size 32, which
-vLLM's CPU attention accepts) and a word-level tokenizer whose vocabulary has the reasoning
+``write_tiny_model(path, shape=...)`` writes a Qwen3-architecture ``config.json`` in one of
+``MODEL_SHAPES`` (head sizes 32 and 64, which vLLM's CPU attention accepts) and a word-level tokenizer whose vocabulary has the reasoning
 markers ``<think>`` / ``</think>`` and a ``<tool_call>`` marker, plus a ChatML chat template that
 opens ``<think>`` for the assistant. That is enough for vLLM to build its configs, its
 ``ReasoningConfig`` (``--reasoning-parser deepseek_r1``) and its scheduler offline (no model hub
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 #: Special tokens, in id order from 0.
@@ -55,15 +56,29 @@ def vocabulary() -> dict[str, int]:
     return vocab
 
 
-def write_tiny_model(
-    path: str | Path,
-    *,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 2,
-    head_dim: int = 32,
-    max_position_embeddings: int = 4096,
-) -> Path:
+@dataclass(frozen=True)
+class ModelShape:
+    """A Qwen3 shape the tiny task is trained in (``scripts/train_tiny.py --shape NAME``)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    intermediate_size: int
+
+
+#: The shapes of the two trained fixtures. ``tiny`` (``tests/fixtures/tiny-reasoner``): a decode
+#: step is almost all vLLM's own Python (about 5 ms at batch 16 on one core). ``compute``
+#: (``tests/fixtures/compute-reasoner``): head size 64, four layers, about 4 M parameters, so a
+#: decode step at batch 16 is about 15 ms on one core and mostly matrix products — the
+#: proportions between model time and scheduler time a GPU server has.
+MODEL_SHAPES = {
+    "tiny": ModelShape(hidden_size=64, num_layers=2, num_heads=2, head_dim=32, intermediate_size=128),
+    "compute": ModelShape(hidden_size=256, num_layers=4, num_heads=4, head_dim=64, intermediate_size=1024),
+}
+
+
+def write_tiny_model(path: str | Path, *, shape: ModelShape = MODEL_SHAPES["tiny"], max_position_embeddings: int = 4096) -> Path:
     """Writes ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
     ``generation_config.json`` into ``path`` and returns it."""
     from tokenizers import Tokenizer
@@ -87,12 +102,12 @@ def write_tiny_model(
         "architectures": ["Qwen3ForCausalLM"],
         "model_type": "qwen3",
         "vocab_size": _round_up(len(vocab), 64),
-        "hidden_size": hidden_size,
-        "intermediate_size": hidden_size * 2,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": num_heads,
-        "head_dim": head_dim,
+        "hidden_size": shape.hidden_size,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_heads,
+        "head_dim": shape.head_dim,
         "max_position_embeddings": max_position_embeddings,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
