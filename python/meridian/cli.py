@@ -56,7 +56,8 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       help="which parts to run (default: all)")
     demo.add_argument("--model", type=Path, default=None, help="model folder for the live parts "
                       "(default: tests/fixtures/tiny-reasoner)")
-    demo.add_argument("--live-requests", type=int, default=24, help="concurrent requests in the live burst")
+    demo.add_argument("--live-requests", type=int, default=None,
+                      help="requests aiperf replays in the live part (default: 20 s of arrivals at 14/s)")
     demo.set_defaults(handler=_demo)
 
 

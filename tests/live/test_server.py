@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from meridian.demo.live import prometheus_total
+from meridian.demo.loadgen import metric_sum
 from meridian.demo.server import VllmServer, stream_chat
 from meridian.offline.tiny import LETTERS
 
@@ -80,8 +80,8 @@ def burst(server: VllmServer) -> None:
 
 def kv_pressure(server: VllmServer) -> tuple[float, float]:
     """vLLM's cumulative queueing time (s) and preemption count."""
-    return (prometheus_total(server.base_url, "vllm:request_queue_time_seconds_sum"),
-            prometheus_total(server.base_url, "vllm:num_preemptions_total"))
+    return (metric_sum(server.base_url, "vllm:request_queue_time_seconds_sum"),
+            metric_sum(server.base_url, "vllm:num_preemptions_total"))
 
 
 def test_concurrent_streaming_clients_get_their_own_outputs(server: VllmServer) -> None:

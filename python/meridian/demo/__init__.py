@@ -2,7 +2,7 @@
 
 ``scripted`` (the KV-pressure scenario through vLLM's real schedulers on the offline engine),
 ``replay`` (a real trace excerpt in virtual time), ``live`` (vLLM's OpenAI server on the CPU
-build, a burst of streaming requests) and ``thinking`` (thinking control on a live server);
+build under aiperf, a real load generator: a short run of the live A/B; ``loadgen`` drives it) and ``thinking`` (thinking control on a live server);
 ``server`` starts and talks to a real ``vllm serve`` for the live parts and the live tests.
 Invariant: the demo measures, it never decides: every number comes from vLLM's schedulers, the
 core's ledger or the clients.
@@ -20,7 +20,7 @@ PARTS = ("scripted", "replay", "live", "thinking")
 
 
 def run_demo(
-    parts: Sequence[str], *, seeds: list[int], cache_dir: Path, model: Path | None, live_requests: int,
+    parts: Sequence[str], *, seeds: list[int], cache_dir: Path, model: Path | None, live_requests: int | None,
     json_path: Path | None,
 ) -> dict[str, object]:
     """Runs the named parts in order; writes their numbers to ``json_path`` when given."""
@@ -38,7 +38,7 @@ def run_demo(
     if "live" in parts:
         from meridian.demo import live
 
-        report["live"] = live.run_part(model, cache_dir, live_requests)
+        report["live"] = live.run_part(model, cache_dir, live_requests or live.DEMO_REQUESTS)
     if "thinking" in parts:
         from meridian.demo import live, thinking
 

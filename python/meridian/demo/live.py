@@ -1,185 +1,106 @@
-"""The live part of ``meridian demo``: vLLM's OpenAI-compatible server (CPU build) serving the
-tiny reasoning model twice — stock scheduler, then ``MeridianScheduler`` — under the same burst
-of concurrent streaming reasoning requests with a KV cache small enough to force waiting and
-preemption. Latencies are measured by the clients in wall-clock time (DESIGN §4); preemptions
-come from vLLM's own ``/metrics`` (both servers) and, by phase, from Meridian's request log.
-Invariant: both servers get the same arguments but the scheduler's, and the same prompts.
+"""The live part of ``meridian demo``: a short run of the live A/B (``bench/live_ab.py``) — vLLM's
+OpenAI-compatible server (CPU build) serving the tiny reasoning model with the stock scheduler,
+then with ``MeridianScheduler``, each under the same seeded three-class workload that aiperf (a
+real load generator) replays open-loop on its timestamps, one round per policy, with a progress
+display. The table puts side by side what aiperf measured: time to first output (answer) token,
+time to first token, answer inter-token latency, throughput, goodput against each class's
+targets, failed requests, and preemptions (vLLM's ``/metrics``; by phase from Meridian's request
+log). Invariant: both servers get the same arguments but the scheduler's, the same dataset, the
+same core placement (``meridian.demo.loadgen``); the demo only reports.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
-import random
-import statistics
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+import os
 from pathlib import Path
 from typing import Any
 
-from meridian.demo.server import StreamResult, VllmServer, stream_chat
-from meridian.offline.tiny import task_prompt
-from meridian.replay.policies import MERIDIAN, STOCK, additional_config, policy_spec
-from meridian.vllm.names import SCHEDULER_CLS
+from meridian.demo.loadgen import LIVE_MODELS, RoundSettings, Workload, find_aiperf, run_round
+from meridian.replay.policies import MERIDIAN, STOCK
 
-#: Where the tiny model fixture lives in a source checkout (the README's commands run from its root).
-DEFAULT_MODEL = Path("tests") / "fixtures" / "tiny-reasoner"
-#: 1 KiB of KV per token for the tiny model: 640 tokens of cache (20 blocks of 32).
-KV_CACHE_BYTES = 640 * 1024
-BASE_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "512", "--block-size", "32",
-             "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--max-num-seqs", "16", "--reasoning-parser", "deepseek_r1"]
-#: The live demo's class: answer TPOT target 50 ms (a stall is a gap above 250 ms).
-LIVE_CONFIG = {"default_class": "interactive", "priority_map": {"0": "interactive"}}
-ANSWER_TPOT_TARGET_MS = 50.0
-STALL_FACTOR = 5.0
+#: The tiny model fixture, relative to a source checkout's root (the README's commands run there).
+DEFAULT_MODEL = Path(LIVE_MODELS["tiny"].folder)
+#: The demo's workload: 20 s of arrivals at the rate that saturates the tiny engine (the A/B's).
+DEMO_RATE_RPS = LIVE_MODELS["tiny"].rate_rps
+DEMO_REQUESTS = int(20 * DEMO_RATE_RPS)
 
-
-@dataclass(frozen=True)
-class LiveWorkload:
-    """A burst of ``num_requests`` reasoning requests (seeded think/answer lengths)."""
-
-    num_requests: int = 24
-    think: tuple[int, int] = (20, 99)
-    answer: tuple[int, int] = (5, 26)
-    seed: int = 0
-
-    def prompts(self) -> list[tuple[int, int]]:
-        rng = random.Random(self.seed)
-        return [(rng.randint(*self.think), rng.randint(*self.answer)) for _ in range(self.num_requests)]
-
-
-def run_live(policy: str, workload: LiveWorkload, model: Path, cache_dir: Path, work_dir: Path,
-             progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Serves the workload under ``policy`` (``vllm-fcfs`` or ``meridian``, names of
-    ``meridian.replay.policies``) and returns its metrics."""
-    spec = policy_spec(policy)
-    work_dir.mkdir(parents=True, exist_ok=True)
-    args = [*BASE_ARGS, "--scheduling-policy", spec.vllm_policy]
-    request_log = work_dir / f"{policy}-requests.jsonl"
-    if spec.meridian_policy is not None:
-        request_log.unlink(missing_ok=True)
-        config = dict(LIVE_CONFIG, request_log_path=str(request_log))
-        args += ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional_config(spec, config))]
-    if not (model / "model.safetensors").exists():
-        raise FileNotFoundError(f"no model weights in {model} (run from the repository root, or pass --model)")
-    model = model.resolve()
-    started = time.monotonic()
-    with VllmServer(model, args, log_path=work_dir / f"{policy}-serve.log", cache_dir=cache_dir) as server:
-        progress(f"    server up in {time.monotonic() - started:.0f}s; sending {workload.num_requests} streaming requests")
-        burst_start = time.monotonic()
-        results: list[StreamResult] = []
-        with ThreadPoolExecutor(workload.num_requests) as pool:
-            futures = [pool.submit(stream_chat, server.base_url, str(model), task_prompt(n, m))
-                       for n, m in workload.prompts()]
-            for done, future in enumerate(as_completed(futures), 1):
-                results.append(future.result())
-                if done % 6 == 0 or done == len(futures):
-                    progress(f"    {done}/{len(futures)} done ({time.monotonic() - burst_start:.1f}s)")
-        wall_s = time.monotonic() - burst_start
-        preemptions = prometheus_total(server.base_url, "vllm:num_preemptions_total")
-    metrics = summarize_live(results, wall_s)
-    metrics["preemptions"] = preemptions
-    if spec.meridian_policy is not None and request_log.exists():
-        ledger = [json.loads(line) for line in request_log.read_text().splitlines()]
-        for phase in ("prefill", "think", "answer"):
-            metrics[f"preemptions_{phase}"] = float(sum(e[f"num_preemptions_{phase}"] for e in ledger))
-    return metrics
-
-
-def summarize_live(results: list[StreamResult], wall_s: float) -> dict[str, Any]:
-    """Client-side DESIGN §4 metrics in milliseconds."""
-    ttft, ttfat, gaps, tpot = [], [], [], []
-    stalls = 0
-    tokens = 0
-    for r in results:
-        if r.status != 200 or r.error:
-            continue
-        first_any = min((r.reasoning_times_s[:1] + r.content_times_s[:1]), default=None)
-        if first_any is not None:
-            ttft.append((first_any - r.sent_s) * 1e3)
-        if r.content_times_s:
-            ttfat.append((r.content_times_s[0] - r.sent_s) * 1e3)
-            answer_gaps = [(b - a) * 1e3 for a, b in zip(r.content_times_s, r.content_times_s[1:])]
-            gaps.extend(answer_gaps)
-            stalls += sum(g > STALL_FACTOR * ANSWER_TPOT_TARGET_MS for g in answer_gaps)
-            if answer_gaps:
-                tpot.append(statistics.fmean(answer_gaps))
-        tokens += len(r.reasoning.split()) + len(r.content.split())
-
-    def pct(xs: list[float], q: float) -> float:
-        return sorted(xs)[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
-
-    return {
-        "completed": float(sum(r.status == 200 and not r.error and r.finish_reason == "stop" for r in results)),
-        "ttft_p50_ms": pct(ttft, 0.5), "ttft_p99_ms": pct(ttft, 0.99),
-        "ttfat_p50_ms": pct(ttfat, 0.5), "ttfat_p99_ms": pct(ttfat, 0.99),
-        "answer_tpot_mean_ms": statistics.fmean(tpot) if tpot else float("nan"),
-        "answer_itl_p99_ms": pct(gaps, 0.99), "answer_itl_max_ms": max(gaps, default=float("nan")),
-        "answer_stalls": float(stalls),
-        "throughput_tok_s": tokens / wall_s if wall_s > 0 else float("nan"),
-        "wall_s": wall_s,
-    }
-
-
-def prometheus_total(base_url: str, name: str) -> float:
-    """Sum of every sample of one metric on a vLLM server's ``/metrics`` page."""
-    import httpx
-
-    text = httpx.get(f"{base_url}/metrics", timeout=10.0).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-#: (metric key, label) of the table, in order.
+#: (row key, label, format) of the table, in order.
 ROWS = [
-    ("completed", "completed requests"),
-    ("preemptions", "preemptions (vLLM /metrics)"),
-    ("preemptions_think", "  of which thinking (Meridian ledger)"),
-    ("preemptions_answer", "  of which answering (Meridian ledger)"),
-    ("answer_stalls", "answer stalls (gap > 250 ms)"),
-    ("answer_itl_p99_ms", "answer ITL p99 [ms]"),
-    ("answer_itl_max_ms", "answer ITL max [ms]"),
-    ("answer_tpot_mean_ms", "answer TPOT mean [ms]"),
-    ("ttft_p50_ms", "TTFT p50 [ms]"),
-    ("ttfat_p50_ms", "TTFAT p50 [ms]"),
-    ("ttfat_p99_ms", "TTFAT p99 [ms]"),
-    ("throughput_tok_s", "throughput [tokens/s]"),
+    ("ttfo_p50_ms", "TTFO p50 [ms] (first answer token)", "{:.0f}"),
+    ("ttfo_p99_ms", "TTFO p99 [ms]", "{:.0f}"),
+    ("ttft_p50_ms", "TTFT p50 [ms]", "{:.0f}"),
+    ("ttft_p99_ms", "TTFT p99 [ms]", "{:.0f}"),
+    ("answer_itl_p99_ms", "answer ITL p99 [ms]", "{:.1f}"),
+    ("output_tok_s", "output throughput [tokens/s]", "{:.0f}"),
+    ("goodput_rps", "goodput [requests/s, class targets]", "{:.2f}"),
+    ("good_requests", "requests within their class targets", "{:.0f}"),
+    ("interactive_good", "  of which interactive", "{:.0f}"),
+    ("failed", "failed requests", "{:.0f}"),
+    ("preemptions", "preemptions (vLLM /metrics)", "{:.0f}"),
+    ("preemptions_answer", "  of which answering (Meridian ledger)", "{:.0f}"),
 ]
 
 
-def run_part(model: Path | None, cache_dir: Path, num_requests: int) -> dict[str, object]:
-    """The demo part: the burst against a stock server, then against Meridian, as one table."""
-    workload = LiveWorkload(num_requests=num_requests)
-    print(
-        f"\nLive: vLLM's OpenAI server (CPU build) serving the tiny reasoning model, {num_requests} concurrent "
-        "streaming requests (think 20-99, answer 5-26 tokens), 640-token KV cache; wall-clock latencies.",
-        flush=True,
-    )
-    results: dict[str, dict[str, float]] = {}
-    for policy in (STOCK.name, MERIDIAN.name):
-        print(f"  {policy}: starting the server ...", flush=True)
-        results[policy] = run_live(policy, workload, model or DEFAULT_MODEL, cache_dir, cache_dir / "live",
-                                   progress=lambda line: print(line, flush=True))
-    print()
-    print(render(results))
-    return {"workload": workload.__dict__, "results": results}
+def run_part(model: Path | None, cache_dir: Path, num_requests: int = DEMO_REQUESTS, rate_rps: float = DEMO_RATE_RPS) -> dict[str, Any]:
+    """The demo part: one aiperf round against a stock server, one against Meridian, as one table."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    repo = Path.cwd()
+    live_model = LIVE_MODELS["tiny"] if model is None else dataclasses.replace(LIVE_MODELS["tiny"], folder=str(model.resolve()))
+    if not (live_model.path(repo) / "model.safetensors").exists():
+        raise FileNotFoundError(f"no model weights in {live_model.path(repo)} (run from the repository root, or pass --model)")
+    settings = RoundSettings(model=live_model, repo=repo, cache_dir=cache_dir, aiperf=find_aiperf(repo),
+                             pin=len(os.sched_getaffinity(0)) >= 2)
+    workload = Workload(num_requests, rate_rps, live_model.classes)
+    out = cache_dir / "live"
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = out / "workload.jsonl"
+    dataset.write_text(workload.jsonl())
+    schedule_s = workload.entries()[-1]["timestamp"] / 1000.0
+    console = Console()
+    console.print(
+        f"\nLive: vLLM's OpenAI server (CPU build) serving the tiny reasoning model; aiperf replays {num_requests} "
+        f"streaming requests (Poisson, {rate_rps:g}/s; interactive / standard / batch) open-loop, one round per "
+        f"scheduler, engine core pinned to its own CPU: {settings.pin}. Full benchmark: `make bench-live`.")
+    rows: dict[str, dict[str, Any]] = {}
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=console, transient=False) as progress:
+        for policy in (STOCK.name, MERIDIAN.name):
+            task = progress.add_task(f"{policy}: starting", total=schedule_s + 10.0)
+            row, _ = run_round(
+                policy, policy, dataset, out, settings,
+                on_phase=lambda phase, t=task, p=policy: progress.update(t, description=f"{p}: {phase}"),
+                on_tick=lambda elapsed_s, t=task: progress.update(t, completed=elapsed_s))
+            progress.update(task, description=f"{policy}: done", completed=schedule_s + 10.0)
+            rows[policy] = table_row(row)
+    console.print(render(rows))
+    return {"workload": {"num_requests": num_requests, "rate_rps": rate_rps}, "results": rows}
 
 
-def render(results: dict[str, dict[str, float]]) -> str:
+def table_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The demo's figures of one round (``meridian.demo.loadgen.run_round``'s row)."""
+    by_phase = row.get("preemptions_by_phase") or {}
+    return {
+        **{key: row.get(key) for key, _, _ in ROWS},
+        "interactive_good": row["per_class"]["interactive"]["good"],
+        "failed": row["errors"] + row["failed_in_records"] + row["empty_responses"],
+        "preemptions_answer": by_phase.get("answer"),
+    }
+
+
+def render(rows: dict[str, dict[str, Any]]) -> str:
     """The side-by-side table."""
 
-    def fmt(v: float | None) -> str:
+    def fmt(v: Any, spec: str) -> str:
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "-"
-        return f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+        return spec.format(v)
 
-    width = max(len(label) for _, label in ROWS) + 2
+    width = max(len(label) for _, label, _ in ROWS) + 2
     lines = [f"{'metric':<{width}}{'stock vLLM':>14}{'Meridian':>14}", "-" * (width + 28)]
-    stock, ours = results[STOCK.name], results[MERIDIAN.name]
-    lines += [f"{label:<{width}}{fmt(stock.get(key)):>14}{fmt(ours.get(key)):>14}" for key, label in ROWS]
+    stock, ours = rows[STOCK.name], rows[MERIDIAN.name]
+    lines += [f"{label:<{width}}{fmt(stock.get(key), spec):>14}{fmt(ours.get(key), spec):>14}" for key, label, spec in ROWS]
     return "\n".join(lines)

@@ -1,0 +1,499 @@
+"""The live A/B's measurement with a real load generator: a seeded, timestamped, three-class
+reasoning workload that aiperf replays open-loop against ``vllm serve`` (CPU build) with the stock
+scheduler or with ``MeridianScheduler``, and the numbers read back from aiperf's own exports.
+
+It owns the workload file, the server arguments of both policies, the aiperf command line, the
+placement of the processes on the cores, and the reading of aiperf's exports: time to first token
+(TTFT), time to first output token (TTFO, aiperf's name for the first answer token), inter-token
+latency and throughput from its summary; per-class goodput against the class targets and the answer's
+inter-token latency from its per-request export, the generated text from its raw export (aiperf's ``--goodput``
+takes one SLO set for all requests, the workload has three classes). ``bench/live_ab.py`` runs many
+rounds of this; ``meridian demo``'s live part one round per policy. aiperf is the benchmark's
+dependency, not the product's: ``make bench-live-setup`` installs the version pinned in
+``bench/requirements-live.txt`` into ``.venv-bench``, and ``find_aiperf`` looks there, then at
+``$AIPERF``, then on ``PATH``. Invariant: the two policies get the same server arguments but the
+scheduler's, the same dataset file, the same placement, and are measured by one definition.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meridian.demo.server import VllmServer, stream_chat
+from meridian.offline.tiny import task_prompt
+from meridian.replay.policies import MERIDIAN, STOCK, additional_config
+from meridian.vllm.names import SCHEDULER_CLS
+
+#: aiperf's export names of the summary metrics a round reports, with the statistic taken.
+SUMMARY_METRICS = {
+    "ttft_p50_ms": ("time_to_first_token", "p50"), "ttft_p99_ms": ("time_to_first_token", "p99"),
+    "ttfo_p50_ms": ("time_to_first_output_token", "p50"), "ttfo_p99_ms": ("time_to_first_output_token", "p99"),
+    "itl_p99_ms": ("inter_token_latency", "p99"), "output_tok_s": ("output_token_throughput", "avg"),
+    "requests": ("request_count", "avg"), "duration_s": ("benchmark_duration", "avg"),
+    "sched_lag_p99_ms": ("replay_sched_lag_p99", "avg"),
+}
+#: vLLM's ``--max-num-seqs`` and block size for every live model.
+MAX_NUM_SEQS = 16
+BLOCK_SIZE_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class ClassTargets:
+    """One SLO class of the live workload: its share of requests and its targets (ms)."""
+
+    name: str
+    share: float
+    ttft_ms: float
+    ttfat_ms: float
+    answer_tpot_ms: float
+    rank: int
+
+
+@dataclass(frozen=True)
+class LiveModel:
+    """A trained fixture the live A/B serves, and the class targets scaled to its speed."""
+
+    name: str
+    folder: str
+    kv_cache_tokens: int
+    classes: tuple[ClassTargets, ...]
+    #: The load of the A/B: the lowest swept rate at which the stock server's TTFO p99 was at
+    #: least 5x its unloaded value, and enough requests for 30 s of arrivals at that rate.
+    rate_rps: float
+    num_requests: int
+
+    def path(self, repo: Path) -> Path:
+        return repo / self.folder
+
+    def kv_cache_bytes(self, repo: Path) -> int:
+        """``kv_cache_tokens`` of float32 K and V in every layer (vLLM's ``--kv-cache-memory-bytes``)."""
+        config = json.loads((self.path(repo) / "config.json").read_text())
+        per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 4
+        return self.kv_cache_tokens * per_token
+
+    def meridian_classes(self) -> dict[str, dict[str, float]]:
+        return {c.name: {"ttft_ms": c.ttft_ms, "ttfat_ms": c.ttfat_ms, "answer_tpot_ms": c.answer_tpot_ms, "rank": c.rank}
+                for c in self.classes}
+
+
+def _classes(scale: float) -> tuple[ClassTargets, ...]:
+    """The three classes, their targets ``scale`` times those of a model whose unloaded TTFO is
+    about 0.5 s at the median and 1 s at p99 (both fixtures, pinned): an interactive class that
+    must see its answer within 2.5 s, a standard one within 6 s, a batch one that only needs to
+    finish."""
+    return (
+        ClassTargets("interactive", 0.3, 1_000.0 * scale, 2_500.0 * scale, 30.0 * scale, 0),
+        ClassTargets("standard", 0.5, 3_000.0 * scale, 6_000.0 * scale, 60.0 * scale, 1),
+        ClassTargets("batch", 0.2, 30_000.0 * scale, 60_000.0 * scale, 500.0 * scale, 2),
+    )
+
+
+#: ``tiny``: a decode step is mostly vLLM's own Python; ``compute``: mostly matrix products
+#: (``meridian.offline.tiny.MODEL_SHAPES``). A small KV cache makes KV the binding limit, as long
+#: reasoning contexts make it on a GPU, and saturates the engine at a rate the API server's core
+#: still serves (``bench/results/live_sweep_*``): 512 tokens (15 usable blocks of 32, four or five
+#: requests at full length) for ``compute``; ``tiny`` is so fast that at 512 tokens even 20
+#: requests/s left its TTFO p99 under 2x unloaded, so it gets 320 (9 usable blocks).
+LIVE_MODELS = {
+    "tiny": LiveModel("tiny", "tests/fixtures/tiny-reasoner", kv_cache_tokens=320, classes=_classes(1.0),
+                      rate_rps=14.0, num_requests=420),
+    "compute": LiveModel("compute", "tests/fixtures/compute-reasoner", kv_cache_tokens=512, classes=_classes(1.0),
+                         rate_rps=12.0, num_requests=360),
+}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Seeded open-loop reasoning requests: Poisson arrivals at ``rate_rps``, think 20–99 and
+    answer 5–26 tokens, classes drawn by their shares."""
+
+    num_requests: int
+    rate_rps: float
+    classes: tuple[ClassTargets, ...]
+    seed: int = 0
+
+    def entries(self) -> list[dict[str, Any]]:
+        rng = random.Random(self.seed)
+        t_ms, out = 0.0, []
+        names, shares = [c.name for c in self.classes], [c.share for c in self.classes]
+        for _ in range(self.num_requests):
+            think, answer = rng.randint(20, 99), rng.randint(5, 26)
+            cls = rng.choices(names, shares)[0]
+            out.append({"text": task_prompt(think, answer), "timestamp": round(t_ms, 1), "output_length": 200,
+                        "extra": {"temperature": 0.0, "vllm_xargs": {"meridian_class": cls}}})
+            t_ms += rng.expovariate(self.rate_rps) * 1000.0
+        return out
+
+    def jsonl(self) -> str:
+        return "".join(json.dumps(e) + "\n" for e in self.entries())
+
+
+def find_aiperf(repo: Path) -> Path:
+    """aiperf's executable: ``$AIPERF``, then ``.venv-bench``, then ``PATH``; a clear error if none."""
+    candidates = [os.environ.get("AIPERF"), str(repo / ".venv-bench" / "bin" / "aiperf"), shutil.which("aiperf")]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            return Path(candidate)
+    raise FileNotFoundError("no aiperf found ($AIPERF, .venv-bench/bin/aiperf, PATH): run `make bench-live-setup`")
+
+
+def server_args(policy: str, model: LiveModel, repo: Path, *, step_log: Path | None = None,
+                request_log: Path | None = None, meridian_config: dict[str, Any] | None = None) -> list[str]:
+    """``vllm serve`` arguments after the model; only the scheduler differs between policies."""
+    spec = MERIDIAN if policy == MERIDIAN.name else STOCK
+    args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", str(BLOCK_SIZE_TOKENS),
+            "--kv-cache-memory-bytes", str(model.kv_cache_bytes(repo)), "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--reasoning-parser", "deepseek_r1", "--scheduling-policy", spec.vllm_policy]
+    if spec.meridian_policy is not None:
+        config: dict[str, Any] = {"classes": model.meridian_classes(), "default_class": "standard", **(meridian_config or {})}
+        if step_log is not None:
+            config["step_log_path"] = str(step_log)
+        if request_log is not None:
+            config["request_log_path"] = str(request_log)
+        args += ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional_config(spec, config))]
+    return args
+
+
+#: Process titles vLLM gives the engine side: the engine core (scheduler) and, under the
+#: multiprocessing executor the CPU build uses, the worker that runs the model.
+ENGINE_PROCESS_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
+
+
+def pin(server: VllmServer) -> dict[str, Any]:
+    """The engine core and its model worker (every thread) alone on the last CPU; the API server
+    on the others (the load generator is started there too, by ``aiperf_command``'s caller)."""
+    import psutil
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise RuntimeError(f"pinning needs two or more CPUs; this process may use {cpus}")
+    engine_cpus, front_cpus = {cpus[-1]}, set(cpus[:-1])
+    assert server.process is not None
+    root = psutil.Process(server.process.pid)
+    placed: dict[str, Any] = {"engine_core": [], "front": []}
+    for proc in [root, *root.children(recursive=True)]:
+        title = " ".join(proc.cmdline()) + " " + proc.name()
+        is_engine = any(t in title or t[:15] in title for t in ENGINE_PROCESS_TITLES)
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            os.sched_setaffinity(int(tid), engine_cpus if is_engine else front_cpus)
+        placed["engine_core" if is_engine else "front"].append(proc.pid)
+    if not placed["engine_core"]:
+        raise RuntimeError("no EngineCore process found under the server; cannot pin it")
+    return {**placed, "engine_cpus": sorted(engine_cpus), "front_cpus": sorted(front_cpus)}
+
+
+def aiperf_command(aiperf: Path, model_path: Path, url: str, dataset: Path, artifacts: Path, *,
+                   workers: int = 2, goodput: ClassTargets | None = None, raw: bool = False) -> list[str]:
+    """aiperf replaying ``dataset`` on its timestamps, streaming, with its per-request export
+    (``raw``: every chunk and the text too — a JSON dump per chunk that loads the generator's
+    core, so for untimed rounds only). Its server-metrics scraper and GPU telemetry are off: they
+    would load the API server's core during the timed run."""
+    cmd = [str(aiperf), "profile", "--model", str(model_path), "--tokenizer", str(model_path), "--url", url,
+           "--endpoint-type", "chat", "--streaming", "--input-file", str(dataset),
+           "--custom-dataset-type", "single_turn", "--fixed-schedule", "--fixed-schedule-auto-offset",
+           "--random-seed", "0", "--artifact-dir", str(artifacts), "--ui-type", "none",
+           "--workers-max", str(workers), "--record-processor-service-count", "1",
+           "--no-server-metrics", "--no-gpu-telemetry", "--export-level", "raw" if raw else "records"]
+    if goodput is not None:
+        cmd += ["--goodput", f"time_to_first_output_token:{goodput.ttfat_ms:g} time_to_first_token:{goodput.ttft_ms:g}"]
+    return cmd
+
+
+# ---- reading aiperf's exports ---------------------------------------------------------------
+
+
+@dataclass
+class RecordTimes:
+    """One request as aiperf's per-request export saw it (times in ms from its send). The answer
+    ITL is aiperf's inter-token latency restricted to the answer: (request latency − TTFO) over
+    the answer tokens after the first."""
+
+    meridian_class: str
+    prompt: str
+    ok: bool
+    ttft_ms: float | None
+    ttfo_ms: float | None
+    answer_itl_ms: float | None
+    num_output_tokens: int
+    #: The generated text, from the raw export only (``parse_raw_record``); ``None`` otherwise.
+    text: str | None = None
+
+
+def _metric(metrics: dict[str, Any], name: str) -> Any:
+    value = metrics.get(name)
+    return value.get("value") if isinstance(value, dict) else None
+
+
+def parse_record(record: dict[str, Any], payloads: dict[str, dict[str, Any]]) -> RecordTimes:
+    """A line of aiperf's ``profile_export.jsonl``, its request read back from ``inputs.json``
+    (``payloads``: conversation id → the request body aiperf sent)."""
+    metrics = record.get("metrics") or {}
+    payload = payloads.get(str(record["metadata"].get("conversation_id")), {})
+    latency_ms, ttfo_ms = _metric(metrics, "request_latency"), _metric(metrics, "time_to_first_output_token")
+    answer_tokens = int(_metric(metrics, "output_token_count") or 0)
+    answer_itl_ms = None
+    if latency_ms is not None and ttfo_ms is not None and answer_tokens > 1:
+        answer_itl_ms = (latency_ms - ttfo_ms) / (answer_tokens - 1)
+    return RecordTimes(
+        meridian_class=str((payload.get("vllm_xargs") or {}).get("meridian_class", "")),
+        prompt=str(((payload.get("messages") or [{}])[-1]).get("content", "")),
+        ok=record.get("error") is None,
+        ttft_ms=_metric(metrics, "time_to_first_token"),
+        ttfo_ms=ttfo_ms,
+        answer_itl_ms=answer_itl_ms,
+        num_output_tokens=int(_metric(metrics, "output_sequence_length") or 0),
+    )
+
+
+def parse_raw_record(record: dict[str, Any]) -> RecordTimes:
+    """A line of aiperf's raw export (``--export-level raw``): the request body, every SSE chunk's
+    arrival, the generated text. The raw export costs the generator a JSON dump of every chunk,
+    so only untimed rounds use it (the greedy-output check)."""
+    payload = record.get("payload") or {}
+    messages = payload.get("messages") or [{}]
+    start_ns = int(record["start_perf_ns"])
+    first_any: int | None = None
+    answer_ns: list[int] = []
+    text: list[str] = []
+    for response in record.get("responses") or []:
+        for packet in response.get("packets") or []:
+            if packet.get("name") != "data" or not packet.get("value") or packet["value"] == "[DONE]":
+                continue
+            for choice in json.loads(packet["value"]).get("choices") or []:
+                delta = choice.get("delta") or {}
+                reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
+                content = delta.get("content") or ""
+                if reasoning or content:
+                    first_any = response["perf_ns"] if first_any is None else first_any
+                    text.append(reasoning + content)
+                if content:
+                    answer_ns.append(response["perf_ns"])
+    to_ms = 1e-6
+    return RecordTimes(
+        meridian_class=str((payload.get("vllm_xargs") or {}).get("meridian_class", "")),
+        prompt=str(messages[-1].get("content", "")),
+        ok=record.get("error") is None and record.get("status") in (None, 200),
+        ttft_ms=None if first_any is None else (first_any - start_ns) * to_ms,
+        ttfo_ms=None if not answer_ns else (answer_ns[0] - start_ns) * to_ms,
+        answer_itl_ms=(answer_ns[-1] - answer_ns[0]) * to_ms / (len(answer_ns) - 1) if len(answer_ns) > 1 else None,
+        num_output_tokens=len(text),
+        text="".join(text),
+    )
+
+
+def read_records(artifacts: Path) -> list[RecordTimes]:
+    """Every request of a round from aiperf's per-request export (or its raw export, if written)."""
+    raw = sorted(artifacts.rglob("profile_export_raw.jsonl"))
+    if raw:
+        return [parse_raw_record(json.loads(line)) for line in raw[0].read_text().splitlines() if line.strip()]
+    found, inputs = sorted(artifacts.rglob("profile_export.jsonl")), sorted(artifacts.rglob("inputs.json"))
+    if not found or not inputs:
+        raise RuntimeError(f"aiperf wrote no per-request export (profile_export.jsonl, inputs.json) under {artifacts}")
+    sessions = json.loads(inputs[0].read_text())["data"]
+    payloads = {str(s["session_id"]): (s.get("payloads") or [{}])[0] for s in sessions}
+    return [parse_record(json.loads(line), payloads) for line in found[0].read_text().splitlines() if line.strip()]
+
+
+def is_good(r: RecordTimes, c: ClassTargets) -> bool:
+    """DESIGN §4: a request is good when it met every target of its class."""
+    if not r.ok or r.ttft_ms is None or r.ttfo_ms is None:
+        return False
+    return r.ttft_ms <= c.ttft_ms and r.ttfo_ms <= c.ttfat_ms and (r.answer_itl_ms or 0.0) <= c.answer_tpot_ms
+
+
+def record_metrics(records: list[RecordTimes], classes: Iterable[ClassTargets], duration_s: float) -> dict[str, Any]:
+    """Goodput against each class's targets, the answer ITL tail, per-class TTFO tails."""
+    import numpy as np
+
+    by_name = {c.name: c for c in classes}
+    itl = [r.answer_itl_ms for r in records if r.answer_itl_ms is not None]
+    good = [r.meridian_class in by_name and is_good(r, by_name[r.meridian_class]) for r in records]
+    per_class: dict[str, Any] = {}
+    for name in by_name:
+        mine = [(r, g) for r, g in zip(records, good) if r.meridian_class == name]
+        ttfo = [r.ttfo_ms for r, _ in mine if r.ttfo_ms is not None]
+        per_class[name] = {
+            "requests": len(mine), "good": sum(g for _, g in mine),
+            "ttfo_p50_ms": float(np.percentile(ttfo, 50)) if ttfo else None,
+            "ttfo_p99_ms": float(np.percentile(ttfo, 99)) if ttfo else None,
+        }
+    return {
+        "good_requests": sum(good),
+        "goodput_rps": sum(good) / duration_s if duration_s > 0 else None,
+        "answer_itl_p50_ms": float(np.percentile(itl, 50)) if itl else None,
+        "answer_itl_p99_ms": float(np.percentile(itl, 99)) if itl else None,
+        "failed_in_records": sum(not r.ok for r in records),
+        "empty_responses": sum(r.ok and r.num_output_tokens == 0 for r in records),
+        "per_class": per_class,
+    }
+
+
+def read_export(artifacts: Path, classes: Iterable[ClassTargets]) -> tuple[dict[str, Any], list[RecordTimes]]:
+    """One round's row from aiperf's summary and per-request exports, and its records."""
+    found = sorted(artifacts.rglob("profile_export_aiperf.json"))
+    if not found:
+        raise RuntimeError(f"aiperf wrote no profile_export_aiperf.json under {artifacts}")
+    export = json.loads(found[0].read_text())
+    row: dict[str, Any] = {}
+    for name, (metric, stat) in SUMMARY_METRICS.items():
+        value = export.get(metric)
+        row[name] = value.get(stat) if isinstance(value, dict) else None
+    errors = export.get("error_summary") or []
+    row["errors"] = sum(int(e.get("count", 1)) for e in errors)
+    row["error_kinds"] = [str(e.get("error_details", e))[:200] for e in errors]
+    records = read_records(artifacts)
+    row.update(record_metrics(records, classes, row["duration_s"] or 0.0))
+    return row, records
+
+
+def outputs_by_prompt(records: Iterable[RecordTimes]) -> dict[str, set[str]]:
+    """Every distinct text each prompt produced (greedy decoding: one each, whatever the policy);
+    records without text (not from a raw export) are left out."""
+    out: dict[str, set[str]] = {}
+    for r in records:
+        if r.ok and r.text is not None:
+            out.setdefault(r.prompt, set()).add(r.text)
+    return out
+
+
+# ---- one round -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    model: LiveModel
+    repo: Path
+    cache_dir: Path
+    aiperf: Path
+    pin: bool = True
+    cooldown_s: float = 5.0
+    warmup: int = 3
+    workers: int = 2
+    timeout_s: float = 900.0
+    meridian_config: dict[str, Any] | None = None
+    #: Untimed: aiperf's raw export on, for the generated text (``outputs_by_prompt``).
+    raw: bool = False
+
+
+def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundSettings,
+              on_phase: Callable[[str], None] = lambda phase: None,
+              on_tick: Callable[[float], None] = lambda elapsed_s: None) -> tuple[dict[str, Any], list[RecordTimes]]:
+    """A fresh server for ``policy``, a few untimed warm-up requests, aiperf's timed replay of
+    ``dataset``; the round's row and raw records. ``on_phase`` hears each phase's name,
+    ``on_tick`` the seconds aiperf has run, twice a second. The server's whole process group has exited when
+    this returns, so the next round starts from nothing."""
+    model_path = settings.model.path(settings.repo).resolve()
+    step_log, request_log = out / f"steps-{name}.jsonl", out / f"requests-{name}.jsonl"
+    for log in (step_log, request_log):
+        log.unlink(missing_ok=True)
+    args = server_args(policy, settings.model, settings.repo, step_log=step_log, request_log=request_log,
+                       meridian_config=settings.meridian_config)
+    on_phase("starting the server")
+    with VllmServer(model_path, args, log_path=out / f"serve-{name}.log", cache_dir=settings.cache_dir) as srv:
+        placement = pin(srv) if settings.pin else None
+        on_phase("cooling down")
+        time.sleep(settings.cooldown_s)
+        on_phase("warming up")
+        for i in range(settings.warmup):
+            stream_chat(srv.base_url, str(model_path), task_prompt(20 + i, 5), max_tokens=200)
+        artifacts = out / f"aiperf-{name}"
+        shutil.rmtree(artifacts, ignore_errors=True)
+        cmd = aiperf_command(settings.aiperf, model_path, srv.base_url, dataset, artifacts, workers=settings.workers,
+                             goodput=settings.model.classes[0], raw=settings.raw)
+        if placement is not None:
+            cmd = ["taskset", "-c", ",".join(map(str, placement["front_cpus"])), *cmd]
+        on_phase("load")
+        started = time.monotonic()
+        busy = CpuBusy()
+        returncode = run_logged(cmd, out / f"aiperf-{name}.log", settings.timeout_s,
+                                lambda: (busy.sample(), on_tick(time.monotonic() - started)))
+        if returncode != 0:
+            raise RuntimeError(f"aiperf exited with {returncode}; log: {out / f'aiperf-{name}.log'}")
+        preemptions = metric_sum(srv.base_url, "vllm:num_preemptions_total")
+        row, records = read_export(artifacts, settings.model.classes)
+        row.update({"policy": policy, "wall_s": time.monotonic() - started, "placement": placement,
+                    "preemptions": preemptions, "cpu_busy_pct": busy.mean()})
+    row["meridian_cost"] = meridian_cost(step_log)
+    row["preemptions_by_phase"] = preemptions_by_phase(request_log)
+    return row, records
+
+
+class CpuBusy:
+    """Mean busy share of each CPU over the samples taken while aiperf ran: which core was the
+    bottleneck (the engine's, or the one the API server and the generator share)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        psutil.cpu_percent(percpu=True)  # the first call only starts the interval
+        self._samples: list[list[float]] = []
+
+    def sample(self) -> None:
+        self._samples.append(self._psutil.cpu_percent(percpu=True))
+
+    def mean(self) -> dict[str, float]:
+        if not self._samples:
+            return {}
+        cpus = range(len(self._samples[0]))
+        return {str(c): sum(s[c] for s in self._samples) / len(self._samples) for c in cpus}
+
+
+def run_logged(cmd: list[str], log_path: Path, timeout_s: float, tick: Callable[[], object]) -> int:
+    """Runs ``cmd`` with its output in ``log_path``, calling ``tick`` twice a second; kills it
+    past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    with open(log_path, "wb") as log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT) as proc:
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise TimeoutError(f"{cmd[0]} ran past {timeout_s:.0f}s; log: {log_path}")
+            tick()
+            time.sleep(0.5)
+        return proc.returncode
+
+
+def metric_sum(base_url: str, sample_name: str) -> float:
+    """The sum of one sample (e.g. ``vllm:num_preemptions_total``) over its label sets on a vLLM
+    server's ``/metrics``, read with prometheus-client's parser."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base_url}/metrics", timeout=10.0).text
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == sample_name)
+
+
+def meridian_cost(step_log: Path) -> dict[str, float] | None:
+    """Meridian's own per-step cost in the live server, from its step log: the median of
+    ``meridian_ms`` and its share of the summed step time (``None`` for stock vLLM: no log)."""
+    import numpy as np
+
+    if not step_log.exists():
+        return None
+    records = [json.loads(line) for line in step_log.read_text().splitlines() if line.strip()]
+    if not records:
+        return None
+    step_ms = np.array([r["step_ms"] for r in records])
+    meridian_ms = np.array([r["meridian_ms"] for r in records])
+    return {"num_steps": len(records), "median_meridian_ms": float(np.median(meridian_ms)),
+            "median_step_ms": float(np.median(step_ms)),
+            "meridian_share_of_step_time": float(meridian_ms.sum() / step_ms.sum()) if step_ms.sum() else 0.0}
+
+
+def preemptions_by_phase(request_log: Path) -> dict[str, int] | None:
+    """Preemptions by the victim's phase, from Meridian's request log (``None`` for stock vLLM)."""
+    if not request_log.exists():
+        return None
+    ledger = [json.loads(line) for line in request_log.read_text().splitlines() if line.strip()]
+    return {phase: sum(int(e[f"num_preemptions_{phase}"]) for e in ledger) for phase in ("prefill", "think", "answer")}

@@ -1,0 +1,104 @@
+"""The live A/B's reading of aiperf's exports, its workload and its server arguments, on
+hand-made raw records (the live test runs the real aiperf: ``tests/live/test_loadgen_live.py``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from meridian.demo.loadgen import (
+    LIVE_MODELS, ClassTargets, RecordTimes, Workload, is_good, outputs_by_prompt, parse_raw_record, parse_record, record_metrics,
+    server_args,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+GOLD = ClassTargets("gold", 1.0, ttft_ms=100.0, ttfat_ms=500.0, answer_tpot_ms=60.0, rank=0)
+
+
+def chunk(t_ms: float, *, reasoning: str = "", content: str = "") -> dict[str, Any]:
+    delta = {"reasoning": reasoning} if reasoning else {"content": content}
+    return {"perf_ns": int(t_ms * 1e6), "packets": [{"name": "data", "value": json.dumps({"choices": [{"delta": delta}]})}]}
+
+
+def raw(chunks: list[dict[str, Any]], *, cls: str = "gold", prompt: str = "think 3 answer 2", error: Any = None) -> dict[str, Any]:
+    return {"start_perf_ns": 0, "status": 200 if error is None else 500, "error": error,
+            "payload": {"messages": [{"role": "user", "content": prompt}], "vllm_xargs": {"meridian_class": cls}},
+            "responses": [*chunks, {"perf_ns": 10**12, "packets": [{"name": "data", "value": "[DONE]"}]}]}
+
+
+def test_raw_record_splits_reasoning_from_answer() -> None:
+    r = parse_raw_record(raw([chunk(50, reasoning="3"), chunk(60, reasoning=" 2"), chunk(300, content="a"),
+                              chunk(350, content=" b"), chunk(450, content=" c")]))
+    assert (r.meridian_class, r.prompt, r.ok) == ("gold", "think 3 answer 2", True)
+    assert r.ttft_ms == pytest.approx(50.0) and r.ttfo_ms == pytest.approx(300.0)
+    assert r.answer_itl_ms == pytest.approx(75.0)
+    assert r.text == "3 2a b c"
+
+
+def test_goodput_needs_every_class_target() -> None:
+    on_time = parse_raw_record(raw([chunk(50, reasoning="1"), chunk(300, content="a"), chunk(350, content="b")]))
+    late_answer = parse_raw_record(raw([chunk(50, reasoning="1"), chunk(600, content="a")]))
+    slow_first = parse_raw_record(raw([chunk(150, reasoning="1"), chunk(300, content="a")]))
+    slow_answer = parse_raw_record(raw([chunk(50, reasoning="1"), chunk(300, content="a"), chunk(400, content="b")]))
+    failed = parse_raw_record(raw([], error={"message": "boom"}))
+    assert [is_good(r, GOLD) for r in (on_time, late_answer, slow_first, slow_answer, failed)] == [True, False, False, False, False]
+    m = record_metrics([on_time, late_answer, failed], [GOLD], duration_s=2.0)
+    assert (m["good_requests"], m["goodput_rps"], m["failed_in_records"]) == (1, 0.5, 1)
+    assert m["per_class"]["gold"]["requests"] == 3 and m["per_class"]["gold"]["good"] == 1
+
+
+def test_an_empty_ok_response_is_counted() -> None:
+    empty = parse_raw_record(raw([]))
+    assert record_metrics([empty], [GOLD], duration_s=1.0)["empty_responses"] == 1
+
+
+def test_greedy_check_groups_outputs_by_prompt() -> None:
+    a = RecordTimes("gold", "p", True, 1.0, 2.0, None, 1, "x")
+    b = RecordTimes("gold", "p", True, 1.0, 2.0, None, 1, "y")
+    untimed = RecordTimes("gold", "p", True, 1.0, 2.0, None, 1)
+    assert outputs_by_prompt([a, b, untimed]) == {"p": {"x", "y"}}
+
+
+def test_per_request_export_gives_the_answer_itl() -> None:
+    record = {"metadata": {"conversation_id": "session_000001"},
+              "metrics": {"time_to_first_token": {"value": 20.0}, "time_to_first_output_token": {"value": 400.0},
+                          "request_latency": {"value": 700.0}, "output_token_count": {"value": 4},
+                          "output_sequence_length": {"value": 30}}}
+    payloads = {"session_000001": {"messages": [{"role": "user", "content": "think 9 answer 4"}],
+                                   "vllm_xargs": {"meridian_class": "gold"}}}
+    r = parse_record(record, payloads)
+    assert (r.meridian_class, r.prompt, r.ok, r.num_output_tokens) == ("gold", "think 9 answer 4", True, 30)
+    # Three gaps after the first answer token share the 300 ms after it.
+    assert r.answer_itl_ms == pytest.approx(100.0) and r.ttfo_ms == 400.0 and r.text is None
+    assert not is_good(r, GOLD)  # 100 ms a token > 60 ms
+    failed = parse_record({"metadata": {"conversation_id": "x"}, "metrics": {}, "error": {"message": "boom"}}, payloads)
+    assert not failed.ok
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 200), rate=st.floats(0.5, 50.0), seed=st.integers(0, 10))
+def test_workload_is_seeded_open_loop_and_classed(n: int, rate: float, seed: int) -> None:
+    classes = LIVE_MODELS["tiny"].classes
+    entries = Workload(n, rate, classes, seed).entries()
+    assert entries == Workload(n, rate, classes, seed).entries()
+    stamps = [e["timestamp"] for e in entries]
+    assert len(entries) == n and stamps[0] == 0.0 and stamps == sorted(stamps)
+    assert {e["extra"]["vllm_xargs"]["meridian_class"] for e in entries} <= {c.name for c in classes}
+
+
+def test_servers_differ_only_in_the_scheduler() -> None:
+    model = LIVE_MODELS["tiny"]
+    stock, ours = server_args("stock", model, REPO), server_args("meridian", model, REPO)
+    assert ours[: len(stock)] == stock and ours[len(stock)] == "--scheduler-cls"
+    config = json.loads(ours[ours.index("--additional-config") + 1])
+    assert config["meridian"]["classes"]["interactive"]["ttfat_ms"] == model.classes[0].ttfat_ms
+
+
+def test_kv_cache_bytes_follow_the_model_shape() -> None:
+    # The tiny model: 2 layers x K,V x 2 heads x 32 x 4 bytes = 1 KiB a token.
+    assert LIVE_MODELS["tiny"].kv_cache_bytes(REPO) == LIVE_MODELS["tiny"].kv_cache_tokens * 1024
