@@ -415,7 +415,7 @@ def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundS
         started = time.monotonic()
         busy = CpuBusy()
         returncode = run_logged(cmd, out / f"aiperf-{name}.log", settings.timeout_s,
-                                lambda: (busy.sample(), on_tick(time.monotonic() - started)))
+                                lambda: (busy.sample(), on_tick(time.monotonic() - started)), env=aiperf_environment())
         if returncode != 0:
             raise RuntimeError(f"aiperf exited with {returncode}; log: {out / f'aiperf-{name}.log'}")
         preemptions = metric_sum(srv.base_url, "vllm:num_preemptions_total")
@@ -448,11 +448,20 @@ class CpuBusy:
         return {str(c): sum(s[c] for s in self._samples) / len(self._samples) for c in cpus}
 
 
-def run_logged(cmd: list[str], log_path: Path, timeout_s: float, tick: Callable[[], object]) -> int:
+def aiperf_environment() -> dict[str, str]:
+    """The environment aiperf runs in: ours without ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``.
+    aiperf 0.13's tokenizer loader takes a local model folder for a hub repo id when either is
+    set (``HFValidationError: Repo id must be in the form …``); without them it reads the folder
+    and touches no network."""
+    return {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+
+
+def run_logged(cmd: list[str], log_path: Path, timeout_s: float, tick: Callable[[], object],
+               env: dict[str, str] | None = None) -> int:
     """Runs ``cmd`` with its output in ``log_path``, calling ``tick`` twice a second; kills it
     past ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
-    with open(log_path, "wb") as log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT) as proc:
+    with open(log_path, "wb") as log, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env) as proc:
         while proc.poll() is None:
             if time.monotonic() > deadline:
                 proc.kill()
