@@ -76,7 +76,8 @@ def run_part(model: Path | None, cache_dir: Path, num_requests: int = DEMO_REQUE
                 on_tick=lambda elapsed_s, t=task: progress.update(t, completed=elapsed_s))
             progress.update(task, description=f"{policy}: done", completed=schedule_s + 10.0)
             rows[policy] = table_row(row)
-    console.print(render(rows))
+    # The labels' units are in brackets, which rich would take for markup.
+    console.print(render(rows), markup=False, highlight=False)
     return {"workload": {"num_requests": num_requests, "rate_rps": rate_rps}, "results": rows}
 
 
