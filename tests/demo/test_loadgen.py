@@ -102,3 +102,13 @@ def test_servers_differ_only_in_the_scheduler() -> None:
 def test_kv_cache_bytes_follow_the_model_shape() -> None:
     # The tiny model: 2 layers x K,V x 2 heads x 32 x 4 bytes = 1 KiB a token.
     assert LIVE_MODELS["tiny"].kv_cache_bytes(REPO) == LIVE_MODELS["tiny"].kv_cache_tokens * 1024
+
+
+def test_bad_workloads_and_policies_name_the_value() -> None:
+    classes = LIVE_MODELS["tiny"].classes
+    with pytest.raises(ValueError, match="num_requests=0"):
+        Workload(0, 5.0, classes)
+    with pytest.raises(ValueError, match="rate_rps=-1"):
+        Workload(10, -1.0, classes)
+    with pytest.raises(ValueError, match="'fifo'"):
+        server_args("fifo", LIVE_MODELS["tiny"], REPO)

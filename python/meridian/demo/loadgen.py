@@ -121,6 +121,12 @@ class Workload:
     classes: tuple[ClassTargets, ...]
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.num_requests < 1:
+            raise ValueError(f"a live workload needs at least one request, got num_requests={self.num_requests}")
+        if not self.rate_rps > 0:
+            raise ValueError(f"a live workload needs a positive arrival rate, got rate_rps={self.rate_rps}")
+
     def entries(self) -> list[dict[str, Any]]:
         rng = random.Random(self.seed)
         t_ms, out = 0.0, []
@@ -148,7 +154,10 @@ def find_aiperf(repo: Path) -> Path:
 
 def server_args(policy: str, model: LiveModel, repo: Path, *, step_log: Path | None = None,
                 request_log: Path | None = None, meridian_config: dict[str, Any] | None = None) -> list[str]:
-    """``vllm serve`` arguments after the model; only the scheduler differs between policies."""
+    """``vllm serve`` arguments after the model; only the scheduler differs between policies.
+    ``policy``: ``meridian``, or ``stock`` / ``vllm-fcfs`` for vLLM's own scheduler."""
+    if policy not in (MERIDIAN.name, STOCK.name, "stock"):
+        raise ValueError(f"unknown live policy {policy!r}: expected {MERIDIAN.name!r}, {STOCK.name!r} or 'stock'")
     spec = MERIDIAN if policy == MERIDIAN.name else STOCK
     args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", str(BLOCK_SIZE_TOKENS),
             "--kv-cache-memory-bytes", str(model.kv_cache_bytes(repo)), "--max-num-seqs", str(MAX_NUM_SEQS),
@@ -285,7 +294,7 @@ def parse_raw_record(record: dict[str, Any]) -> RecordTimes:
         ttft_ms=None if first_any is None else (first_any - start_ns) * to_ms,
         ttfo_ms=None if not answer_ns else (answer_ns[0] - start_ns) * to_ms,
         answer_itl_ms=(answer_ns[-1] - answer_ns[0]) * to_ms / (len(answer_ns) - 1) if len(answer_ns) > 1 else None,
-        num_output_tokens=len(text),
+        num_output_tokens=len(text),  # chunks with text: vLLM streams one token a chunk
         text="".join(text),
     )
 
