@@ -64,6 +64,13 @@ def test_greedy_check_groups_outputs_by_prompt() -> None:
     assert outputs_by_prompt([a, b, untimed]) == {"p": {"x", "y"}}
 
 
+def test_greedy_check_ignores_the_spacing_the_reasoning_parser_puts_around_think_end() -> None:
+    split = RecordTimes("gold", "p", True, 1.0, 2.0, None, 3, " 2 1  a b")
+    grouped = RecordTimes("gold", "p", True, 1.0, 2.0, None, 3, " 2 1 a b")
+    other = RecordTimes("gold", "q", True, 1.0, 2.0, None, 3, " 2 1 a c")
+    assert outputs_by_prompt([split, grouped, other]) == {"p": {"2 1 a b"}, "q": {"2 1 a c"}}
+
+
 def test_per_request_export_gives_the_answer_itl() -> None:
     record = {"metadata": {"conversation_id": "session_000001"},
               "metrics": {"time_to_first_token": {"value": 20.0}, "time_to_first_output_token": {"value": 400.0},
