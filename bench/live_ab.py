@@ -79,6 +79,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "order_effect_first_over_second": statistics.median(first) / statistics.median(second) if first and second else None,
             "failed_requests": sum(r["errors"] + r["failed_in_records"] for r in mine),
             "empty_responses": sum(r["empty_responses"] for r in mine),
+            # The machine's own speed in those rounds (before and after each): a policy whose
+            # rounds ran on a slower machine is not slower for it.
+            "speed_probe_ms": [r["speed_probe_ms"] for r in mine if "speed_probe_ms" in r],
         }
     stock, ours = out["stock"]["median"], out["meridian"]["median"]
     out["meridian_over_stock"] = {m: ours[m] / stock[m] for m in ours if m in stock and stock[m]}
@@ -156,6 +159,7 @@ def print_round(row: dict[str, Any]) -> None:
           f"{row['output_tok_s']:.0f} tok/s  good {row['good_requests']}/{row['requests']:.0f}  "
           f"failed {row['errors'] + row['failed_in_records']}  lag p99 {row['sched_lag_p99_ms'] or 0:.0f} ms  "
           f"CPU busy " + "/".join(f"{v:.0f}%" for v in row["cpu_busy_pct"].values())
+          + (f"  speed probe {row['speed_probe_ms']['before']:.0f}/{row['speed_probe_ms']['after']:.0f} ms" if "speed_probe_ms" in row else "")
           + (f"  Meridian {cost['meridian_share_of_step_time']:.1%} of step time" if cost else ""), flush=True)
 
 

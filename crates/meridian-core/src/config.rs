@@ -220,6 +220,7 @@ impl Default for ArrivalPreemption {
 struct RawPredictor {
     prior_weight: Option<f64>,
     memory_requests: Option<f64>,
+    prior_memory_requests: Option<f64>,
 }
 
 /// Validated configuration of the policy.
@@ -281,7 +282,9 @@ pub struct Config {
     /// How fast the length predictors (one thinking and one answer predictor per class) move
     /// from the priors to this server's finished requests (key `predictor`: `prior_weight`,
     /// the priors' total weight in pseudo-observations, default 10; `memory_requests`, the
-    /// effective memory in finished requests of the class, default 2,000).
+    /// effective memory in finished requests of the class, default 2,000;
+    /// `prior_memory_requests`, the priors' own memory, default 50: they fade out over the
+    /// first few hundred finished requests of the class).
     pub predictor: LearningRate,
     /// Preemption on arrival.
     pub arrival_preemption: ArrivalPreemption,
@@ -499,6 +502,11 @@ fn validate_predictor(raw: RawPredictor) -> Result<LearningRate> {
         memory_requests: at_least(
             "predictor.memory_requests",
             raw.memory_requests.unwrap_or(defaults.memory_requests),
+            1.0,
+        )?,
+        prior_memory_requests: at_least(
+            "predictor.prior_memory_requests",
+            raw.prior_memory_requests.unwrap_or(defaults.prior_memory_requests),
             1.0,
         )?,
     })

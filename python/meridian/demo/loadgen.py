@@ -22,6 +22,7 @@ import os
 import random
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -416,6 +417,8 @@ def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundS
         placement = pin(srv) if settings.pin else None
         on_phase("cooling down")
         time.sleep(settings.cooldown_s)
+        engine_cpus = None if placement is None else placement["engine_cpus"]
+        speed_before_ms = speed_probe_ms(engine_cpus)
         on_phase("warming up")
         for i in range(settings.warmup):
             stream_chat(srv.base_url, str(model_path), task_prompt(20 + i, 5), max_tokens=200)
@@ -432,13 +435,47 @@ def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundS
                                 lambda: (busy.sample(), on_tick(time.monotonic() - started)), env=aiperf_environment())
         if returncode != 0:
             raise RuntimeError(f"aiperf exited with {returncode}; log: {out / f'aiperf-{name}.log'}")
+        wall_s = time.monotonic() - started
         preemptions = metric_sum(srv.base_url, "vllm:num_preemptions_total")
+        speed_after_ms = speed_probe_ms(engine_cpus)
         row, records = read_export(artifacts, settings.model.classes)
-        row.update({"policy": policy, "wall_s": time.monotonic() - started, "placement": placement,
-                    "preemptions": preemptions, "cpu_busy_pct": busy.mean()})
+        row.update({"policy": policy, "wall_s": wall_s, "placement": placement,
+                    "preemptions": preemptions, "cpu_busy_pct": busy.mean(),
+                    "speed_probe_ms": {"before": speed_before_ms, "after": speed_after_ms}})
     row["meridian_cost"] = meridian_cost(step_log)
     row["preemptions_by_phase"] = preemptions_by_phase(request_log)
     return row, records
+
+
+#: A fixed single-threaded load for the speed probe: interpreter work (what the tiny model's
+#: step mostly is) and a small float32 matmul (what the compute model's step mostly is).
+SPEED_PROBE = """
+import time, numpy as np
+a = np.random.default_rng(0).random((128, 128), dtype=np.float32)
+best = float("inf")
+for _ in range(5):
+    t = time.perf_counter()
+    d = {}
+    for i in range(200000):
+        d[i % 97] = d.get(i % 97, 0) + i
+    for _ in range(2000):
+        a = (a @ a) / 128.0
+    best = min(best, time.perf_counter() - t)
+print(best * 1e3)
+"""
+
+
+def speed_probe_ms(cpus: Iterable[int] | None) -> float:
+    """How long the fixed probe takes on the engine's CPU right now (the best of five). The
+    machine's speed drifts by up to ~1.8× between minutes (the same four-request decode step took
+    4.0 ms in one round and 7.3 ms in the next, with no steal time reported): rounds are only
+    comparable alongside this."""
+    cmd = [sys.executable, "-c", SPEED_PROBE]
+    if cpus is not None:
+        cmd = ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, check=True)
+    return float(done.stdout.strip())
 
 
 class CpuBusy:

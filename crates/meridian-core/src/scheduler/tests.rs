@@ -865,13 +865,18 @@ fn the_tail_and_predictor_keys_are_validated() {
         (r#"{"late_wait_ttft_factor": 0}"#, "late_wait_ttft_factor"),
         (r#"{"predictor": {"prior_weight": -1}}"#, "predictor.prior_weight"),
         (r#"{"predictor": {"memory_requests": 0.5}}"#, "predictor.memory_requests"),
+        (r#"{"predictor": {"prior_memory_requests": 0}}"#, "predictor.prior_memory_requests"),
     ] {
         let err = Config::from_json(json).unwrap_err().to_string();
         assert!(err.contains(&format!("`{key}`")), "{json}: {err}");
     }
     assert!(Config::from_json(r#"{"predictor": {"prior_weigth": 3}}"#).is_err(), "unknown keys are refused");
-    let c = Config::from_json(r#"{"predictor": {"prior_weight": 3, "memory_requests": 500}}"#).unwrap();
-    assert_eq!((c.predictor.prior_weight, c.predictor.memory_requests), (3.0, 500.0));
+    let c = Config::from_json(r#"{"predictor": {"prior_weight": 3, "memory_requests": 500, "prior_memory_requests": 20}}"#)
+        .unwrap();
+    assert_eq!(
+        (c.predictor.prior_weight, c.predictor.memory_requests, c.predictor.prior_memory_requests),
+        (3.0, 500.0, 20.0)
+    );
 }
 
 fn engine_with_seats(config: &str, max_num_seqs: u32) -> Meridian {
