@@ -382,8 +382,10 @@ mod tests {
     #[test]
     fn quantiles_of_a_known_sample_match_it() {
         let sample = lognormal_sample(400.0, 4000, 7);
-        let p =
-            ResidualLength::with_rate(&sample, LearningRate { prior_weight: 4000.0, ..LearningRate::default() });
+        let p = ResidualLength::with_rate(
+            &sample,
+            LearningRate { prior_weight: 4000.0, ..LearningRate::default() },
+        );
         for (q, level) in [(Quantile::P50, 0.5), (Quantile::P90, 0.9)] {
             let want = quantile_of(&sample, level);
             let got = p.remaining_quantile(0, q) + 1.0;
@@ -454,7 +456,11 @@ mod tests {
         fading.refresh();
         kept.refresh();
         assert!(kept.mean() > 1.5 * mean_truth, "kept prior: mean {} vs {mean_truth}", kept.mean());
-        assert!((fading.mean() / mean_truth - 1.0).abs() < 0.1, "fading prior: mean {} vs {mean_truth}", fading.mean());
+        assert!(
+            (fading.mean() / mean_truth - 1.0).abs() < 0.1,
+            "fading prior: mean {} vs {mean_truth}",
+            fading.mean()
+        );
     }
 
     proptest! {

@@ -137,6 +137,27 @@ def write_tiny_model(path: str | Path, *, shape: ModelShape = MODEL_SHAPES["tiny
     return out
 
 
+def write_random_model(path: str | Path, *, seed: int, shape: ModelShape = MODEL_SHAPES["compute"],
+                       max_position_embeddings: int = 1024) -> Path:
+    """The tiny model's files with seeded random weights (N(0, 0.05)) instead of trained ones:
+    a model whose every output token depends on its whole KV cache. The trained fixtures count
+    down from the last token alone and ignore their KV, so they cannot show that KV restored from
+    a tier is the KV that was stored; corrupt this one's and its greedy output changes."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    out = write_tiny_model(path, shape=shape, max_position_embeddings=max_position_embeddings)
+    config = Qwen3Config.from_pretrained(out)
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "norm" not in name:
+                tensor.normal_(0.0, 0.05)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
 def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 

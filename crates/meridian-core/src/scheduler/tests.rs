@@ -871,8 +871,10 @@ fn the_tail_and_predictor_keys_are_validated() {
         assert!(err.contains(&format!("`{key}`")), "{json}: {err}");
     }
     assert!(Config::from_json(r#"{"predictor": {"prior_weigth": 3}}"#).is_err(), "unknown keys are refused");
-    let c = Config::from_json(r#"{"predictor": {"prior_weight": 3, "memory_requests": 500, "prior_memory_requests": 20}}"#)
-        .unwrap();
+    let c = Config::from_json(
+        r#"{"predictor": {"prior_weight": 3, "memory_requests": 500, "prior_memory_requests": 20}}"#,
+    )
+    .unwrap();
     assert_eq!(
         (c.predictor.prior_weight, c.predictor.memory_requests, c.predictor.prior_memory_requests),
         (3.0, 500.0, 20.0)
