@@ -7,12 +7,13 @@ seeded random-weights model: the trained fixtures ignore their KV)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from meridian.offline.tiny import write_random_model
+from meridian.offline.tiny import THINK_START, write_random_model
 
 pytestmark = pytest.mark.vllm
 
@@ -36,15 +37,22 @@ def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def generate(model: Path, *, kv_cache_blocks: int, kv_transfer_config: dict[str, Any] | None,
-             scheduler_cls: str | None = None) -> list[list[int]]:
+             scheduler_cls: str | None = None, reasoning: bool = False,
+             inspect: Callable[[Any], None] = lambda scheduler: None) -> list[list[int]]:
+    """Greedy outputs of the seeded prompts (``reasoning``: each ends with ``<think>``, so the
+    request thinks until it stops); ``inspect`` sees the engine's scheduler before it closes."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=str(model), dtype="float32", enforce_eager=True, max_model_len=256, block_size=BLOCK_TOKENS,
               kv_cache_memory_bytes=kv_cache_blocks * BLOCK_TOKENS * KV_BYTES_PER_TOKEN, seed=0, max_num_seqs=8,
-              kv_transfer_config=kv_transfer_config, scheduler_cls=scheduler_cls)
+              kv_transfer_config=kv_transfer_config, scheduler_cls=scheduler_cls,
+              reasoning_parser="deepseek_r1" if reasoning else None)
     rng = random.Random(3)
-    prompts = [{"prompt_token_ids": [rng.randrange(8, 60) for _ in range(PROMPT_TOKENS)]} for _ in range(NUM_PROMPTS)]
+    tail = [THINK_START] if reasoning else []
+    prompts = [{"prompt_token_ids": [rng.randrange(8, 60) for _ in range(PROMPT_TOKENS)] + tail}
+               for _ in range(NUM_PROMPTS)]
     results = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+    inspect(llm.llm_engine.engine_core.engine_core.scheduler)
     del llm
     return [list(r.outputs[0].token_ids) for r in results]
 
@@ -115,3 +123,57 @@ def test_corrupted_restores_change_the_output(random_model: Path, counted: Count
     corrupted = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024))
     assert counted.loads > 0
     assert corrupted != roomy
+
+
+def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random_model: Path, counted: Counts) -> None:
+    """Thinking requests stored block by block (so a preempted one restores); when each finishes,
+    the core's never-reusable token marks it and the tier's policy demotes those blocks."""
+    seen: dict[str, Any] = {}
+
+    def inspect(scheduler: Any) -> None:
+        manager = scheduler.connector.connector_scheduler.manager
+        seen.update(hooks=scheduler.kv_tier, policy=type(manager._policy).__name__,
+                    ranks=dict(manager._policy._ranks))
+
+    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None, reasoning=True,
+                     scheduler_cls="meridian.vllm.MeridianScheduler")
+    tiered = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024),
+                      reasoning=True, scheduler_cls="meridian.vllm.MeridianScheduler", inspect=inspect)
+    assert tiered == roomy and counted.loads > 0
+    assert seen["policy"] == "NeverReusableFirstLRU"
+    assert seen["hooks"].num_requests_marked == NUM_PROMPTS
+    # Every stored block but the prompt's first one (the only one that ends before <think>) sits
+    # below every rank an ordinary store or access gets.
+    demoted = [r for r in seen["ranks"].values() if r < 0]
+    assert len(demoted) >= NUM_PROMPTS * 2, seen["ranks"]
+
+
+def test_the_policy_evicts_never_reusable_blocks_first() -> None:
+    """On vLLM's own policy classes: three requests' blocks stored in order; the middle one
+    finishes with its blocks from token 64 on never reusable; eviction takes those first."""
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    from meridian.vllm.kvtier import NeverReusable, NeverReusableFirstLRU
+
+    def fill(policy: LRUCachePolicy) -> tuple[list[Any], ReqContext]:
+        keys = [make_offload_key(bytes([i]) * 8, 0) for i in range(12)]
+        for i, key in enumerate(keys):
+            chunk = ChunkStatus(chunk_id=i)
+            chunk.ref_cnt = 0  # stored and ready
+            policy.insert(key, chunk)
+        middle = ReqContext(req_id="b")
+        for j, key in enumerate(keys[4:8]):
+            middle.set_offload_key_position(key, (j + 1) * BLOCK_TOKENS)
+        middle.set_state(NeverReusable(from_token=2 * BLOCK_TOKENS))
+        policy.on_request_finished([keys[4:8]], set(keys[4:8]), set(), middle)
+        return keys, middle
+
+    ours = NeverReusableFirstLRU(cache_capacity=12)
+    keys, _ = fill(ours)
+    evicted = [k for k, _ in ours.evict(3, protected=set()) or []]
+    assert evicted == [keys[7], keys[6], keys[0]], "b's reasoning blocks (tail first), then plain LRU"
+    stock = LRUCachePolicy(cache_capacity=12)
+    keys, _ = fill(stock)
+    assert [k for k, _ in stock.evict(3, protected=set()) or []] == keys[:3]

@@ -11,14 +11,26 @@ exercises here is what runs on a GPU. Selected with ``--kv-transfer-config``::
                                    "cpu_bytes_to_use": 1073741824, "offload_prompt_only": false}}
 
 On CUDA the stock spec does the copies; this one is for platforms without device streams.
-Invariant: a transfer is complete when ``submit_*`` returns (the copies are synchronous), so
-``get_finished`` reports every submitted job exactly once and ``wait`` never blocks; one offload
-chunk is one engine block (``blocks_per_chunk`` 1), checked at construction."""
+The scheduler side adds Meridian's eviction order to the tier: when a request finishes, the core
+reports the token from which its KV is never reusable (its reasoning and the answer computed
+after it, DESIGN's first eviction tier); ``TierHooks`` (installed by ``MeridianScheduler`` on the
+connector's manager, wrapping its public methods) marks the request's ``ReqContext`` with it, the
+manager then never stores those blocks in the request's final store pass, and
+``NeverReusableFirstLRU`` (this spec's default cache policy; on CUDA name it with
+``"eviction_policy": "NeverReusableFirstLRU", "cache_policy_module_path": "meridian.vllm.kvtier"``)
+puts those already stored at the front of the eviction order instead of the back. Invariants: a
+transfer is complete when ``submit_*`` returns (the copies are synchronous), so ``get_finished``
+reports every submitted job exactly once and ``wait`` never blocks; one offload chunk is one
+engine block (``blocks_per_chunk`` 1), checked at construction; a block with no recorded position
+is treated as reusable (never dropped on a guess)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from vllm.platforms import current_platform
@@ -27,11 +39,18 @@ from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
     LoadStoreSpec,
+    OffloadingManager,
     OffloadingWorker,
+    OffloadKey,
+    ReqContext,
     TransferResult,
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
+from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+#: Finished requests whose contexts ``TierHooks`` keeps until the manager is done with them.
+MAX_TRACKED_CONTEXTS = 65536
 
 
 class HostCopyOffloadingSpec(CPUOffloadingSpec):
@@ -40,6 +59,9 @@ class HostCopyOffloadingSpec(CPUOffloadingSpec):
     def __init__(self, config: OffloadingConfig):
         super().__init__(config)
         self._host_worker: HostCopyWorker | None = None
+        if "eviction_policy" not in self.extra_config:
+            self.eviction_policy = NeverReusableFirstLRU.__name__
+            self.cache_policy_module_path = __name__
         if self.blocks_per_chunk != 1:
             raise ValueError(
                 f"HostCopyOffloadingSpec stores one engine block per offload chunk; "
@@ -109,3 +131,106 @@ def _group_spans(group_sizes: Sequence[int]) -> list[tuple[int, int]]:
         spans.append((first, count))
         first += count
     return spans
+
+
+# ---- scheduler side: Meridian's eviction order on the tier ----------------------------------
+
+
+@dataclass(frozen=True)
+class NeverReusable:
+    """``ReqContext`` state of a finished request: its KV from ``from_token`` on is never reused."""
+
+    from_token: int
+
+    def keeps(self, key: OffloadKey, req_context: ReqContext) -> bool:
+        position = req_context.get_offload_key_position(key)  # the block's end token
+        return position is None or position <= self.from_token
+
+
+class NeverReusableFirstLRU(LRUCachePolicy):
+    """vLLM's LRU, except that a finished request's never-reusable blocks go to the front of the
+    eviction order instead of to the back: below every other block, earliest demoted first, and
+    within a request its tail first (as LRU orders a request's blocks)."""
+
+    def __init__(self, cache_capacity: int):
+        super().__init__(cache_capacity)
+        # Ordinary ranks count up from 1; demoted ones count up from far below them.
+        self._next_low_rank = -(1 << 62)
+
+    def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
+                            reused_keys: set[OffloadKey], req_context: ReqContext) -> None:
+        rule = req_context.get_state(NeverReusable)
+        if rule is None:
+            super().on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
+            return
+        kept = tuple(tuple(k for k in group if rule.keeps(k, req_context)) for group in key_groups)
+        super().on_request_finished(kept, insertion_only_keys, reused_keys, req_context)
+        for group in key_groups:
+            for key in reversed(group):
+                if not rule.keeps(key, req_context):
+                    self._demote(key)
+
+    def _demote(self, key: OffloadKey) -> None:
+        if key not in self.chunks:
+            return
+        # The heap invalidates entries lazily by rank, so a new low rank is all it takes.
+        self._next_low_rank += 1
+        self._ranks[key] = self._next_low_rank
+        if key in self._evictable:
+            self._push_evictable(key)
+
+
+class TierHooks:
+    """Wraps an OffloadingConnector manager's public methods (never vLLM's code): remembers each
+    request's ``ReqContext``, marks a finished one with the core's never-reusable token, and keeps
+    those blocks out of its final store pass."""
+
+    def __init__(self, manager: OffloadingManager):
+        self._contexts: OrderedDict[str, ReqContext] = OrderedDict()
+        self.num_blocks_not_stored = 0
+        self.num_requests_marked = 0
+        on_new_request, prepare_store = manager.on_new_request, manager.prepare_store
+        on_request_finished = manager.on_request_finished
+
+        def tracking_on_new_request(req_context: ReqContext) -> Any:
+            self._contexts[req_context.req_id] = req_context
+            while len(self._contexts) > MAX_TRACKED_CONTEXTS:
+                self._contexts.popitem(last=False)
+            return on_new_request(req_context)
+
+        def filtering_prepare_store(keys: Collection[OffloadKey], req_context: ReqContext) -> Any:
+            rule = req_context.get_state(NeverReusable)
+            if rule is not None:
+                kept = [k for k in keys if rule.keeps(k, req_context)]
+                self.num_blocks_not_stored += len(keys) - len(kept)
+                keys = kept
+            return prepare_store(keys, req_context)
+
+        def releasing_on_request_finished(req_context: ReqContext) -> None:
+            on_request_finished(req_context)
+            self._contexts.pop(req_context.req_id, None)
+
+        manager.on_new_request = tracking_on_new_request  # type: ignore[method-assign]
+        manager.prepare_store = filtering_prepare_store  # type: ignore[method-assign]
+        manager.on_request_finished = releasing_on_request_finished  # type: ignore[method-assign]
+
+    @classmethod
+    def install(cls, connector: object | None) -> TierHooks | None:
+        """Hooks on the first OffloadingConnector among ``connector`` (or a MultiConnector's parts)."""
+        for part in _connector_parts(connector):
+            manager = getattr(getattr(part, "connector_scheduler", None), "manager", None)
+            if isinstance(manager, OffloadingManager):
+                return cls(manager)
+        return None
+
+    def mark_never_reusable(self, req_id: str, from_token: int) -> None:
+        context = self._contexts.get(req_id)
+        if context is not None:
+            context.set_state(NeverReusable(from_token))
+            self.num_requests_marked += 1
+
+
+def _connector_parts(connector: object | None) -> Iterable[object]:
+    if connector is None:
+        return []
+    return [connector, *getattr(connector, "_connectors", [])]

@@ -34,6 +34,7 @@ from meridian.errors import MeridianError  # noqa: E402
 from meridian.vllm import convert  # noqa: E402
 from meridian.vllm.bus import SchedulerEndpoint  # noqa: E402
 from meridian.vllm.config import processor_configured, read_settings  # noqa: E402
+from meridian.vllm.kvtier import TierHooks  # noqa: E402
 from meridian.vllm.names import REQ_ID_ARG, RESOLVED_CLASS_ARG  # noqa: E402
 from meridian.vllm.probes import ProbeBook  # noqa: E402
 from meridian.vllm.queue import MeridianWaitingQueue  # noqa: E402
@@ -98,6 +99,8 @@ class MeridianScheduler(AsyncScheduler):
         #: The channel to MeridianThinkingProcessor; none (and nothing polled per step) without it.
         self._bus = SchedulerEndpoint() if processor_configured(self.vllm_config) else None
         self._install_queues()
+        #: Meridian's eviction order on an OffloadingConnector's tier, when one is configured.
+        self.kv_tier = TierHooks.install(self.connector)
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 
@@ -272,6 +275,8 @@ class MeridianScheduler(AsyncScheduler):
             self._request_log.write(convert.report_json(report, thinking_stop) + "\n")
         if report.never_reusable_from_token is not None:
             self._evict_never_reusable(request, report.never_reusable_from_token)
+            if self.kv_tier is not None:
+                self.kv_tier.mark_never_reusable(request.request_id, report.never_reusable_from_token)
 
     def _stamp_worker_args(self, request: Request, slo_class: str) -> None:
         # The logits processor sees sampling params, not requests: it learns the request's id
