@@ -1,0 +1,42 @@
+"""Live: ``vllm serve`` (CPU build, default process layout: the spec loads in the model worker)
+with ``MeridianScheduler`` and vLLM's OffloadingConnector on Meridian's host-copy spec, under KV
+pressure: every request of a burst completes with the right countdown and answer, and vLLM's own
+``/metrics`` shows blocks stored to and loaded from the host tier."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from meridian.demo.loadgen import metric_sum
+from meridian.demo.server import VllmServer, stream_chat
+from meridian.offline.tiny import LETTERS, task_prompt
+
+pytestmark = pytest.mark.vllm
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
+TIER = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"spec_name": "HostCopyOffloadingSpec", "spec_module_path": "meridian.vllm.kvtier",
+                                      "cpu_bytes_to_use": 16 * 1024 * 1024, "offload_prompt_only": False}}
+# 1 KiB of KV per token (see test_server.py): 320 tokens, so a burst of 12 is preempted.
+SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
+               "--kv-cache-memory-bytes", str(320 * 1024), "--max-num-seqs", "16", "--reasoning-parser", "deepseek_r1",
+               "--scheduler-cls", "meridian.vllm.MeridianScheduler", "--kv-transfer-config", json.dumps(TIER)]
+CASES = [(60, 5), (8, 20), (90, 3), (25, 12), (70, 8), (3, 2), (45, 15), (99, 26), (12, 4), (33, 9), (80, 1), (50, 22)]
+
+
+def test_a_burst_under_kv_pressure_completes_through_the_host_tier(cache_dir: Path, tmp_path: Path) -> None:
+    with VllmServer(FIXTURE, SERVER_ARGS, log_path=tmp_path / "serve.log", cache_dir=cache_dir) as srv:
+        with ThreadPoolExecutor(len(CASES)) as pool:
+            results = list(pool.map(lambda c: stream_chat(srv.base_url, str(FIXTURE), task_prompt(*c), max_tokens=200),
+                                    CASES))
+        for (n, m), r in zip(CASES, results):
+            assert r.status == 200 and r.error is None, r
+            assert r.reasoning.split() == [str(k) for k in range(n, 0, -1)], (n, r.reasoning)
+            assert r.content.split() == LETTERS[:m], (m, r.content)
+        assert metric_sum(srv.base_url, "vllm:num_preemptions_total") > 0
+        assert metric_sum(srv.base_url, "vllm:kv_offload_store_bytes_total") > 0
+        assert metric_sum(srv.base_url, "vllm:kv_offload_load_bytes_total") > 0
