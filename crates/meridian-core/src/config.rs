@@ -283,8 +283,8 @@ pub struct Config {
     /// from the priors to this server's finished requests (key `predictor`: `prior_weight`,
     /// the priors' total weight in pseudo-observations, default 10; `memory_requests`, the
     /// effective memory in finished requests of the class, default 2,000;
-    /// `prior_memory_requests`, the priors' own memory, default 50: they fade out over the
-    /// first few hundred finished requests of the class).
+    /// `prior_memory_requests`, the priors' own memory in finished requests of the class, unset
+    /// by default: they decay only with `memory_requests`).
     pub predictor: LearningRate,
     /// Preemption on arrival.
     pub arrival_preemption: ArrivalPreemption,
@@ -504,11 +504,10 @@ fn validate_predictor(raw: RawPredictor) -> Result<LearningRate> {
             raw.memory_requests.unwrap_or(defaults.memory_requests),
             1.0,
         )?,
-        prior_memory_requests: at_least(
-            "predictor.prior_memory_requests",
-            raw.prior_memory_requests.unwrap_or(defaults.prior_memory_requests),
-            1.0,
-        )?,
+        prior_memory_requests: match raw.prior_memory_requests {
+            Some(m) => Some(at_least("predictor.prior_memory_requests", m, 1.0)?),
+            None => defaults.prior_memory_requests,
+        },
     })
 }
 

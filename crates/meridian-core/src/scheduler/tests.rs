@@ -877,8 +877,9 @@ fn the_tail_and_predictor_keys_are_validated() {
     .unwrap();
     assert_eq!(
         (c.predictor.prior_weight, c.predictor.memory_requests, c.predictor.prior_memory_requests),
-        (3.0, 500.0, 20.0)
+        (3.0, 500.0, Some(20.0))
     );
+    assert_eq!(Config::from_json("{}").unwrap().predictor.prior_memory_requests, None, "off by default");
 }
 
 fn engine_with_seats(config: &str, max_num_seqs: u32) -> Meridian {
