@@ -1,7 +1,9 @@
 """Live: ``vllm serve`` (CPU build, default process layout: the spec loads in the model worker)
-with ``MeridianScheduler`` and vLLM's OffloadingConnector on Meridian's host-copy spec, under KV
-pressure: every request of a burst completes with the right countdown and answer, and vLLM's own
-``/metrics`` shows blocks stored to and loaded from the host tier."""
+with vLLM's OffloadingConnector on Meridian's host-copy spec, under KV pressure, with stock
+vLLM's scheduler and with ``MeridianScheduler``: every request of a burst completes with the
+right countdown and answer, vLLM's own ``/metrics`` shows blocks stored to the host tier, and
+every preemption restores from it (stock vLLM admits greedily, so it is always preempted here;
+whether Meridian's admission reserve avoids preemption in a given run depends on timing)."""
 
 from __future__ import annotations
 
@@ -24,12 +26,15 @@ TIER = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
 # 1 KiB of KV per token (see test_server.py): 320 tokens, so a burst of 12 is preempted.
 SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
                "--kv-cache-memory-bytes", str(320 * 1024), "--max-num-seqs", "16", "--reasoning-parser", "deepseek_r1",
-               "--scheduler-cls", "meridian.vllm.MeridianScheduler", "--kv-transfer-config", json.dumps(TIER)]
+               "--kv-transfer-config", json.dumps(TIER)]
 CASES = [(60, 5), (8, 20), (90, 3), (25, 12), (70, 8), (3, 2), (45, 15), (99, 26), (12, 4), (33, 9), (80, 1), (50, 22)]
 
 
-def test_a_burst_under_kv_pressure_completes_through_the_host_tier(cache_dir: Path, tmp_path: Path) -> None:
-    with VllmServer(FIXTURE, SERVER_ARGS, log_path=tmp_path / "serve.log", cache_dir=cache_dir) as srv:
+@pytest.mark.parametrize("scheduler_args", [[], ["--scheduler-cls", "meridian.vllm.MeridianScheduler"]],
+                         ids=["vllm", "meridian"])
+def test_a_burst_under_kv_pressure_completes_through_the_host_tier(cache_dir: Path, tmp_path: Path,
+                                                                   scheduler_args: list[str]) -> None:
+    with VllmServer(FIXTURE, SERVER_ARGS + scheduler_args, log_path=tmp_path / "serve.log", cache_dir=cache_dir) as srv:
         with ThreadPoolExecutor(len(CASES)) as pool:
             results = list(pool.map(lambda c: stream_chat(srv.base_url, str(FIXTURE), task_prompt(*c), max_tokens=200),
                                     CASES))
@@ -37,6 +42,8 @@ def test_a_burst_under_kv_pressure_completes_through_the_host_tier(cache_dir: Pa
             assert r.status == 200 and r.error is None, r
             assert r.reasoning.split() == [str(k) for k in range(n, 0, -1)], (n, r.reasoning)
             assert r.content.split() == LETTERS[:m], (m, r.content)
-        assert metric_sum(srv.base_url, "vllm:num_preemptions_total") > 0
+        preemptions = metric_sum(srv.base_url, "vllm:num_preemptions_total")
         assert metric_sum(srv.base_url, "vllm:kv_offload_store_bytes_total") > 0
-        assert metric_sum(srv.base_url, "vllm:kv_offload_load_bytes_total") > 0
+        assert preemptions > 0 or scheduler_args, "stock vLLM admits the whole burst: it must have preempted"
+        if preemptions > 0:
+            assert metric_sum(srv.base_url, "vllm:kv_offload_load_bytes_total") > 0
