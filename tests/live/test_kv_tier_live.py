@@ -2,12 +2,12 @@
 with vLLM's OffloadingConnector on Meridian's host-copy spec, under KV pressure, with stock
 vLLM's scheduler and with ``MeridianScheduler``: every request of a burst completes with the
 right countdown and answer, vLLM's own ``/metrics`` shows blocks stored to the host tier, and
-every preemption restores from it (stock vLLM admits greedily, so it is always preempted here;
-whether Meridian's admission reserve avoids preemption in a given run depends on timing)."""
+when the burst was preempted, blocks loaded back from it."""
 
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -30,11 +30,26 @@ SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256"
 CASES = [(60, 5), (8, 20), (90, 3), (25, 12), (70, 8), (3, 2), (45, 15), (99, 26), (12, 4), (33, 9), (80, 1), (50, 22)]
 
 
+def settled_metric(base_url: str, name: str, timeout_s: float = 10.0) -> float:
+    """The metric once the engine's last stats have reached the API server's registry: polled
+    until two reads a second apart agree (or the timeout)."""
+    deadline, last = time.monotonic() + timeout_s, metric_sum(base_url, name)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = metric_sum(base_url, name)
+        if now == last and now > 0:
+            break
+        last = now
+    return last
+
+
 @pytest.mark.parametrize("scheduler_args", [[], ["--scheduler-cls", "meridian.vllm.MeridianScheduler"]],
                          ids=["vllm", "meridian"])
 def test_a_burst_under_kv_pressure_completes_through_the_host_tier(cache_dir: Path, tmp_path: Path,
                                                                    scheduler_args: list[str]) -> None:
     with VllmServer(FIXTURE, SERVER_ARGS + scheduler_args, log_path=tmp_path / "serve.log", cache_dir=cache_dir) as srv:
+        # A fresh server's first request pays its one-off costs before the burst.
+        assert stream_chat(srv.base_url, str(FIXTURE), task_prompt(3, 2), max_tokens=200).status == 200
         with ThreadPoolExecutor(len(CASES)) as pool:
             results = list(pool.map(lambda c: stream_chat(srv.base_url, str(FIXTURE), task_prompt(*c), max_tokens=200),
                                     CASES))
@@ -42,8 +57,10 @@ def test_a_burst_under_kv_pressure_completes_through_the_host_tier(cache_dir: Pa
             assert r.status == 200 and r.error is None, r
             assert r.reasoning.split() == [str(k) for k in range(n, 0, -1)], (n, r.reasoning)
             assert r.content.split() == LETTERS[:m], (m, r.content)
-        preemptions = metric_sum(srv.base_url, "vllm:num_preemptions_total")
-        assert metric_sum(srv.base_url, "vllm:kv_offload_store_bytes_total") > 0
-        assert preemptions > 0 or scheduler_args, "stock vLLM admits the whole burst: it must have preempted"
+        preemptions = settled_metric(srv.base_url, "vllm:num_preemptions_total")
+        assert settled_metric(srv.base_url, "vllm:kv_offload_store_bytes_total") > 0
+        # Whether the burst is preempted depends on how its requests reach the engine (a fresh
+        # clone's server saw none even under stock vLLM); the in-process test in
+        # tests/offline/test_kv_tier.py forces and counts preemptions and restores.
         if preemptions > 0:
-            assert metric_sum(srv.base_url, "vllm:kv_offload_load_bytes_total") > 0
+            assert settled_metric(srv.base_url, "vllm:kv_offload_load_bytes_total") > 0
