@@ -61,6 +61,21 @@ class Config:
         """The thinking control a class runs under (its own, else the top-level one)."""
 
 @final
+class RestorePlan:
+    """The restore-or-recompute choice for one KV tier hit."""
+
+    @property
+    def num_restore_tokens(self) -> int:
+        """Tokens of the hit to load (a prefix ending on a span boundary); the rest is recomputed."""
+    @property
+    def num_offered_tokens(self) -> int: ...
+    @property
+    def cost_ms(self) -> float:
+        """Modelled cost of this plan (extra step, loads, recompute of the rest)."""
+    @property
+    def recompute_ms(self) -> float:
+        """Modelled cost of recomputing the whole hit."""
+
 class StepPlan:
     """One engine step's decisions."""
 
@@ -197,6 +212,21 @@ class Meridian:
         """TTFAT attainment of each class's recent completions (classes with none are absent)."""
     def step_time_coefficients(self) -> tuple[float, float, float, float]:
         """``(base_ms, per_prefill_token_ms, per_decode_request_ms, per_context_token_ms)``."""
+    def add_kv_tier(self, name: str) -> int:
+        """Registers a KV tier by the connector's name for it; the same name gives the same id."""
+    def on_kv_load(self, tier: int, num_tokens: int, duration_ms: float) -> None:
+        """Folds a finished load into the tier's fitted cost."""
+    def plan_restore(self, handle: int, tiers: list[int], num_tokens: list[int]) -> RestorePlan:
+        """How much of a tier hit to load; ``tiers[i]`` holds the next ``num_tokens[i]`` tokens."""
+    def on_kv_allocated(self, handle: int, num_loaded_tokens: int) -> None:
+        """vLLM allocated the request with ``num_loaded_tokens`` from a tier: counts the last offer."""
+    def on_kv_load_failure(self, handle: int) -> None:
+        """A KV load for the request failed; vLLM recomputes."""
+    def kv_load_ms_per_token(self, tier: int) -> float:
+        """A tier's current fitted load cost (ms per token)."""
+    def kv_tier_counters(self) -> dict[str, int]:
+        """``num_restores``, ``num_restored_tokens``, ``num_recomputes``, ``num_recomputed_tokens``,
+        ``num_load_failures``."""
 
 
 @final

@@ -43,8 +43,14 @@ def settled_metric(base_url: str, name: str, timeout_s: float = 10.0) -> float:
     return last
 
 
-@pytest.mark.parametrize("scheduler_args", [[], ["--scheduler-cls", "meridian.vllm.MeridianScheduler"]],
-                         ids=["vllm", "meridian"])
+#: Meridian loads every hit here, as vLLM does: on this model a recompute costs far less than the
+#: extra step a load takes, so the cost model's default (``auto``) would recompute them all
+#: (tests/offline/test_kv_tier.py checks that choice with stated costs).
+MERIDIAN_ARGS = ["--scheduler-cls", "meridian.vllm.MeridianScheduler",
+                 "--additional-config", json.dumps({"meridian": {"kv_tier": {"restore": "always"}}})]
+
+
+@pytest.mark.parametrize("scheduler_args", [[], MERIDIAN_ARGS], ids=["vllm", "meridian"])
 def test_a_burst_under_kv_pressure_completes_through_the_host_tier(cache_dir: Path, tmp_path: Path,
                                                                    scheduler_args: list[str]) -> None:
     with VllmServer(FIXTURE, SERVER_ARGS + scheduler_args, log_path=tmp_path / "serve.log", cache_dir=cache_dir) as srv:

@@ -36,8 +36,13 @@ def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_random_model(tmp_path_factory.mktemp("models") / "random-qwen3", seed=0)
 
 
+#: Meridian's configuration for a restore test: load every hit, as vLLM does (the cost model's
+#: own choice is tested with stated costs below).
+ALWAYS_RESTORE = {"kv_tier": {"restore": "always"}}
+
+
 def generate(model: Path, *, kv_cache_blocks: int, kv_transfer_config: dict[str, Any] | None,
-             scheduler_cls: str | None = None, reasoning: bool = False,
+             scheduler_cls: str | None = None, meridian: dict[str, Any] | None = None, reasoning: bool = False,
              inspect: Callable[[Any], None] = lambda scheduler: None) -> list[list[int]]:
     """Greedy outputs of the seeded prompts (``reasoning``: each ends with ``<think>``, so the
     request thinks until it stops); ``inspect`` sees the engine's scheduler before it closes."""
@@ -46,6 +51,7 @@ def generate(model: Path, *, kv_cache_blocks: int, kv_transfer_config: dict[str,
     llm = LLM(model=str(model), dtype="float32", enforce_eager=True, max_model_len=256, block_size=BLOCK_TOKENS,
               kv_cache_memory_bytes=kv_cache_blocks * BLOCK_TOKENS * KV_BYTES_PER_TOKEN, seed=0, max_num_seqs=8,
               kv_transfer_config=kv_transfer_config, scheduler_cls=scheduler_cls,
+              additional_config={"meridian": meridian or {}},
               reasoning_parser="deepseek_r1" if reasoning else None)
     rng = random.Random(3)
     tail = [THINK_START] if reasoning else []
@@ -98,9 +104,44 @@ def test_preempted_requests_restore_from_the_host_tier_token_for_token(random_mo
     assert counted.preemptions == 0
     # Six requests of up to 140 tokens (5 blocks each) in 12 blocks: preemption every few steps.
     tiered = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024),
-                      scheduler_cls=scheduler_cls)
+                      scheduler_cls=scheduler_cls, meridian=ALWAYS_RESTORE)
     assert counted.preemptions > 0 and counted.stores > 0 and counted.loads > 0, vars(counted)
     assert tiered == roomy
+
+
+#: Stated costs, nothing refitted: a step costs 20 ms and a recomputed token 1 ms, so a tier hit
+#: (at least one 32-token block) restores when loading costs 0.001 ms/token and is recomputed
+#: when it costs 10.
+def stated_costs(load_ms_per_token: float) -> dict[str, Any]:
+    return {"step_time": {"base_ms": 20, "per_prefill_token_ms": 1.0, "per_decode_request_ms": 0,
+                          "per_context_token_ms": 0, "online_fit": False},
+            "kv_tier": {"load_ms_per_token": load_ms_per_token, "online_fit": False}}
+
+
+@pytest.mark.parametrize(("load_ms_per_token", "restores"), [(0.001, True), (10.0, False)],
+                         ids=["restore-wins", "recompute-wins"])
+def test_restore_or_recompute_follows_the_stated_costs(random_model: Path, counted: Counts,
+                                                       load_ms_per_token: float, restores: bool) -> None:
+    """The cost model decides on the real engine: the same preemptions either load their stored
+    blocks or recompute them, the tokens are those of the unpressured run either way, and the
+    core counts what happened."""
+    seen: dict[str, Any] = {}
+
+    def inspect(scheduler: Any) -> None:
+        seen.update(scheduler.meridian.kv_tier_counters())
+
+    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None)
+    tiered = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024),
+                      scheduler_cls="meridian.vllm.MeridianScheduler", meridian=stated_costs(load_ms_per_token),
+                      inspect=inspect)
+    assert tiered == roomy
+    assert counted.preemptions > 0 and counted.stores > 0, vars(counted)
+    if restores:
+        assert counted.loads > 0 and seen["num_restores"] > 0 and seen["num_recomputes"] == 0, (vars(counted), seen)
+        assert seen["num_restored_tokens"] >= BLOCK_TOKENS * seen["num_restores"] - seen["num_restores"]
+    else:
+        assert counted.loads == 0 and seen["num_restores"] == 0 and seen["num_recomputes"] > 0, (vars(counted), seen)
+        assert seen["num_recomputed_tokens"] >= BLOCK_TOKENS * seen["num_recomputes"]
 
 
 def test_corrupted_restores_change_the_output(random_model: Path, counted: Counts,
@@ -138,7 +179,8 @@ def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random
     roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None, reasoning=True,
                      scheduler_cls="meridian.vllm.MeridianScheduler")
     tiered = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024),
-                      reasoning=True, scheduler_cls="meridian.vllm.MeridianScheduler", inspect=inspect)
+                      reasoning=True, scheduler_cls="meridian.vllm.MeridianScheduler", meridian=ALWAYS_RESTORE,
+                      inspect=inspect)
     assert tiered == roomy and counted.loads > 0
     assert seen["policy"] == "NeverReusableFirstLRU"
     assert seen["hooks"].num_requests_marked == NUM_PROMPTS

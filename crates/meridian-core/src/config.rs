@@ -140,6 +140,38 @@ impl Default for StepTimeProfile {
     }
 }
 
+/// Whether a request whose prefix a KV tier holds loads it back (key `kv_tier.restore`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RestoreMode {
+    /// Load where the cost model says loading is cheaper than recomputing (the default).
+    Auto,
+    /// Load every hit, as vLLM does on its own.
+    Always,
+    /// Recompute every hit (the tier still stores; a baseline for measuring it).
+    Never,
+}
+
+/// The KV tiers beyond the device (key `kv_tier`): how restores are decided and the seed of
+/// every tier's load cost, refitted from the connector's own transfer timings.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvTierConfig {
+    /// Restore or recompute (default `auto`).
+    pub restore: RestoreMode,
+    /// Seed of each tier's load cost in ms per token (default 0.005: an 8B-class model's
+    /// 147 kB of KV per token over ~30 GB/s of host link, the `h200-qwen3-8b` profile's numbers).
+    pub load_ms_per_token: f64,
+    /// Refit the load cost from finished transfers (default true).
+    pub online_fit: bool,
+}
+
+impl Default for KvTierConfig {
+    fn default() -> Self {
+        Self { restore: RestoreMode::Auto, load_ms_per_token: 0.005, online_fit: true }
+    }
+}
+
 /// Raw, unvalidated per-class targets as the operator writes them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -166,6 +198,7 @@ struct RawConfig {
     tpot_headroom: Option<f64>,
     min_token_budget: Option<u32>,
     step_time: Option<StepTimeProfile>,
+    kv_tier: Option<KvTierConfig>,
     answer_kv_reserve: Option<bool>,
     think_kv_reserve: Option<f64>,
     aging_ms: Option<f64>,
@@ -243,6 +276,8 @@ pub struct Config {
     pub min_token_budget: u32,
     /// Step-time seed profile.
     pub step_time: StepTimeProfile,
+    /// Restore-or-recompute on the KV tiers beyond the device.
+    pub kv_tier: KvTierConfig,
     /// Hold back KV blocks for running answering requests when admitting new ones.
     pub answer_kv_reserve: bool,
     /// Fraction of running thinking requests' expected remaining growth (rest of the thinking plus
@@ -422,6 +457,8 @@ impl Config {
         };
         let step_time = raw.step_time.unwrap_or_default();
         validate_step_time(&step_time)?;
+        let kv_tier = raw.kv_tier.unwrap_or_default();
+        non_negative("kv_tier.load_ms_per_token", kv_tier.load_ms_per_token)?;
         let thinking_control = raw.thinking_control.unwrap_or_default();
         thinking_control.validate("thinking_control")?;
         let config = Self {
@@ -437,6 +474,7 @@ impl Config {
             tpot_headroom: in_unit_interval("tpot_headroom", raw.tpot_headroom.unwrap_or(0.9))?,
             min_token_budget: positive_u32("min_token_budget", raw.min_token_budget.unwrap_or(16))?,
             step_time,
+            kv_tier,
             answer_kv_reserve: raw.answer_kv_reserve.unwrap_or(true),
             think_kv_reserve: fraction("think_kv_reserve", raw.think_kv_reserve.unwrap_or(0.0))?,
             aging_ms: positive("aging_ms", raw.aging_ms.unwrap_or(10_000.0))?,

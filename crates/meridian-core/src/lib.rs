@@ -30,6 +30,7 @@
 
 pub mod config;
 pub mod error;
+pub mod kv_tier;
 pub mod ledger;
 pub mod phase;
 pub mod predictor;
@@ -39,8 +40,11 @@ pub mod step_model;
 pub mod thinking;
 pub mod thinking_stream;
 
-pub use config::{ArrivalPreemption, Config, Policy, ReasoningBlockRule, StepTimeProfile};
+pub use config::{
+    ArrivalPreemption, Config, KvTierConfig, Policy, ReasoningBlockRule, RestoreMode, StepTimeProfile,
+};
 pub use error::{Error, Result};
+pub use kv_tier::{RestorePlan, TierCounters, TierId, TierSpan};
 pub use ledger::{
     Attainment, ClassCounters, FinishReason, PhaseCounts, PhaseCountsU64, RequestLedger, RequestMetrics,
 };

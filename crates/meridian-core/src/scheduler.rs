@@ -15,6 +15,7 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::config::{Config, Policy, ReasoningBlockRule};
 use crate::error::{check_time_ms, Error, Result};
+use crate::kv_tier::KvTiers;
 use crate::ledger::{Attainment, ClassCounters, FinishReason, PhaseCountsU64, RequestLedger, RequestMetrics};
 use crate::phase::{Phase, PhaseTracker, ReasoningMarkers};
 use crate::predictor::{Quantile, ResidualLength};
@@ -186,6 +187,9 @@ struct Tracked {
     /// An internal EAT probe: scheduled like any request of its class, never counted or learnt
     /// from, and its blocks (the parent's reasoning) are not reported never-reusable.
     probe: bool,
+    /// Tokens of a KV tier hit last offered to it and not yet allocated
+    /// ([`Meridian::plan_restore`], [`Meridian::on_kv_allocated`]).
+    offered_restore_tokens: Option<u32>,
 }
 
 impl Tracked {
@@ -349,6 +353,11 @@ pub struct Meridian {
     /// Per class: the median thinking of a request that has not thought yet, refreshed at the
     /// start of every plan (the slack of every waiting request reads it).
     fresh_think_p50_tokens: Vec<f64>,
+    /// The KV tiers beyond the device and their load costs.
+    kv_tiers: KvTiers,
+    /// The shape of the last step measured: the extra step a KV load costs is priced as one
+    /// more like it; `None` before the first measurement.
+    last_step_shape: Option<StepShape>,
 }
 
 /// About how many recent completions the recent TTFAT attainment remembers: enough that one
@@ -371,6 +380,7 @@ impl Meridian {
         let inv_aging_ms = 1.0 / config.aging_ms;
         let uniboost_ms_per_token = 1_000.0 / config.uniboost_gamma_tokens_per_s;
         let class_table: Vec<_> = config.classes.iter().map(|c| (c.targets, c.rank)).collect();
+        let kv_tiers = KvTiers::new(config.kv_tier);
         Ok(Self {
             lengths: (0..config.classes.len())
                 .map(|_| ClassLengths {
@@ -398,6 +408,8 @@ impl Meridian {
             uniboost_ms_per_token,
             fresh_think_p50_tokens: vec![0.0; class_table.len()],
             class_table,
+            kv_tiers,
+            last_step_shape: None,
         })
     }
 
@@ -484,6 +496,7 @@ impl Meridian {
             preempted: false,
             waiting_since_ms: arrival_ms,
             arrival_preempted_ms: None,
+            offered_restore_tokens: None,
             probe: false,
         };
         let handle = self.insert(tracked);
@@ -652,6 +665,7 @@ impl Meridian {
                 let duration_ms = now_ms - started_ms;
                 self.step_model.observe(StepSample { shape, duration_ms });
                 self.stats.num_step_samples += 1;
+                self.last_step_shape = Some(shape);
                 measured_ms = Some(duration_ms);
             }
         }
@@ -1332,6 +1346,8 @@ fn sortable(x: f64) -> u64 {
         bits | 1 << 63
     }
 }
+
+mod tiers;
 
 #[cfg(test)]
 mod tests;

@@ -150,6 +150,15 @@ struct PyFinishedRequest {
     unknown_finish_reason: Option<String>,
 }
 
+/// The restore-or-recompute choice for one KV tier hit.
+#[pyclass(module = "meridian._core", name = "RestorePlan", frozen, get_all)]
+struct PyRestorePlan {
+    num_restore_tokens: u32,
+    num_offered_tokens: u32,
+    cost_ms: f64,
+    recompute_ms: f64,
+}
+
 /// The policy engine of one vLLM scheduler.
 #[pyclass(module = "meridian._core", name = "Meridian")]
 struct PyMeridian {
@@ -401,6 +410,69 @@ impl PyMeridian {
         Ok(out)
     }
 
+    /// Registers a KV tier by the connector's name for it; returns its id (the same for the
+    /// same name).
+    fn add_kv_tier(&mut self, name: &str) -> PyResult<u8> {
+        self.inner.add_kv_tier(name).map(|t| t.0).map_err(to_py)
+    }
+
+    /// Folds a finished load (`num_tokens` tokens from `tier` in `duration_ms`) into the
+    /// tier's load cost.
+    fn on_kv_load(&mut self, tier: u8, num_tokens: u64, duration_ms: f64) -> PyResult<()> {
+        self.inner.on_kv_load(core::TierId(tier), num_tokens, duration_ms).map_err(to_py)
+    }
+
+    /// How much of a tier hit to load: `tiers[i]` holds the next `num_tokens[i]` tokens of the
+    /// request's prefix, in order.
+    fn plan_restore(&mut self, handle: u64, tiers: Vec<u8>, num_tokens: Vec<u32>) -> PyResult<PyRestorePlan> {
+        if tiers.len() != num_tokens.len() {
+            return Err(errors::invalid_argument(format!(
+                "tiers ({}) and num_tokens ({}) differ in length",
+                tiers.len(),
+                num_tokens.len()
+            )));
+        }
+        let spans: Vec<core::TierSpan> = tiers
+            .into_iter()
+            .zip(num_tokens)
+            .map(|(tier, num_tokens)| core::TierSpan { tier: core::TierId(tier), num_tokens })
+            .collect();
+        let plan = self.inner.plan_restore(core::ReqHandle(handle), &spans).map_err(to_py)?;
+        Ok(PyRestorePlan {
+            num_restore_tokens: plan.num_restore_tokens,
+            num_offered_tokens: plan.num_offered_tokens,
+            cost_ms: plan.cost_ms,
+            recompute_ms: plan.recompute_ms,
+        })
+    }
+
+    /// vLLM allocated the request with `num_loaded_tokens` from a tier: counts the last offer.
+    fn on_kv_allocated(&mut self, handle: u64, num_loaded_tokens: u32) -> PyResult<()> {
+        self.inner.on_kv_allocated(core::ReqHandle(handle), num_loaded_tokens).map_err(to_py)
+    }
+
+    /// A KV load for the request failed (vLLM recomputes).
+    fn on_kv_load_failure(&mut self, handle: u64) -> PyResult<()> {
+        self.inner.on_kv_load_failure(core::ReqHandle(handle)).map_err(to_py)
+    }
+
+    /// A tier's current fitted load cost in ms per token.
+    fn kv_load_ms_per_token(&self, tier: u8) -> PyResult<f64> {
+        self.inner.kv_load_ms_per_token(core::TierId(tier)).map_err(to_py)
+    }
+
+    /// Restore and recompute counters of the KV tiers as a dict.
+    fn kv_tier_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.inner.kv_tier_counters();
+        let d = PyDict::new(py);
+        d.set_item("num_restores", c.num_restores)?;
+        d.set_item("num_restored_tokens", c.num_restored_tokens)?;
+        d.set_item("num_recomputes", c.num_recomputes)?;
+        d.set_item("num_recomputed_tokens", c.num_recomputed_tokens)?;
+        d.set_item("num_load_failures", c.num_load_failures)?;
+        Ok(d)
+    }
+
     /// Current step-time coefficients
     /// `(base_ms, per_prefill_token_ms, per_decode_request_ms, per_context_token_ms)`.
     fn step_time_coefficients(&self) -> (f64, f64, f64, f64) {
@@ -446,6 +518,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyMeridian>()?;
     m.add_class::<PyStepPlan>()?;
     m.add_class::<PyFinishedRequest>()?;
+    m.add_class::<PyRestorePlan>()?;
     m.add_class::<thinking::PyThinkingControl>()?;
     m.add_class::<thinking::PyThinkingStream>()?;
     m.add_function(wrap_pyfunction!(kernel_source, m)?)?;

@@ -18,7 +18,10 @@ connector's manager, wrapping its public methods) marks the request's ``ReqConte
 manager then never stores those blocks in the request's final store pass, and
 ``NeverReusableFirstLRU`` (this spec's default cache policy; on CUDA name it with
 ``"eviction_policy": "NeverReusableFirstLRU", "cache_policy_module_path": "meridian.vllm.kvtier"``)
-puts those already stored at the front of the eviction order instead of the back. Invariants: a
+puts those already stored at the front of the eviction order instead of the back. ``TierHooks``
+also puts the core's restore-or-recompute choice between vLLM's scheduler and the connector's
+lookup (a hit the core prices dearer than its recompute is reported as no hit, so vLLM
+recomputes it) and feeds the core the connector's own load timings. Invariants: a
 transfer is complete when ``submit_*`` returns (the copies are synchronous), so ``get_finished``
 reports every submitted job exactly once and ``wait`` never blocks; one offload chunk is one
 engine block (``blocks_per_chunk`` 1), checked at construction; a block with no recorded position
@@ -30,9 +33,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
 from vllm.platforms import current_platform
 from vllm.v1.kv_offload.base import (
     BlockIDsLoadStoreSpec,
@@ -48,6 +52,12 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+if TYPE_CHECKING:
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
 
 #: Finished requests whose contexts ``TierHooks`` keeps until the manager is done with them.
 MAX_TRACKED_CONTEXTS = 65536
@@ -180,15 +190,37 @@ class NeverReusableFirstLRU(LRUCachePolicy):
             self._push_evictable(key)
 
 
-class TierHooks:
-    """Wraps an OffloadingConnector manager's public methods (never vLLM's code): remembers each
-    request's ``ReqContext``, marks a finished one with the core's never-reusable token, and keeps
-    those blocks out of its final store pass."""
+class RestorePolicy(Protocol):
+    """What the hooks ask the scheduler (which asks the core)."""
 
-    def __init__(self, manager: OffloadingManager):
+    def restore_tokens(self, request: Request, num_hit_tokens: int) -> int:
+        """How many of a tier hit's tokens to load; the rest is recomputed."""
+
+    def on_kv_allocated(self, request: Request, num_external_tokens: int) -> None:
+        """vLLM allocated the request with this many tokens coming from the tier."""
+
+    def on_kv_loaded(self, num_tokens: float, duration_s: float) -> None:
+        """The tier finished loads of ``num_tokens`` tokens in ``duration_s``."""
+
+
+class TierHooks:
+    """Wraps an OffloadingConnector's and its manager's public methods (never vLLM's code):
+    remembers each request's ``ReqContext``, marks a finished one with the core's never-reusable
+    token and keeps those blocks out of its final store pass; asks the core how much of each hit
+    to load; reports the tier's load timings."""
+
+    #: The core's name for the tier (one per engine: the first OffloadingConnector's).
+    TIER_NAME = "OffloadingConnector"
+
+    def __init__(self, connector: Any, manager: OffloadingManager, policy: RestorePolicy,
+                 kv_bytes_per_token: float):
         self._contexts: OrderedDict[str, ReqContext] = OrderedDict()
         self.num_blocks_not_stored = 0
         self.num_requests_marked = 0
+        self._wrap_manager(manager)
+        self._wrap_connector(connector, policy, kv_bytes_per_token)
+
+    def _wrap_manager(self, manager: OffloadingManager) -> None:
         on_new_request, prepare_store = manager.on_new_request, manager.prepare_store
         on_request_finished = manager.on_request_finished
 
@@ -214,13 +246,42 @@ class TierHooks:
         manager.prepare_store = filtering_prepare_store  # type: ignore[method-assign]
         manager.on_request_finished = releasing_on_request_finished  # type: ignore[method-assign]
 
+    @staticmethod
+    def _wrap_connector(connector: Any, policy: RestorePolicy, kv_bytes_per_token: float) -> None:
+        lookup, after_alloc = connector.get_num_new_matched_tokens, connector.update_state_after_alloc
+        update_output = connector.update_connector_output
+
+        def planned_lookup(request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+            num_hit_tokens, load_async = lookup(request, num_computed_tokens)
+            if not num_hit_tokens:
+                return num_hit_tokens, load_async  # no hit, or "ask again later" (None)
+            num_tokens = policy.restore_tokens(request, num_hit_tokens)
+            # (0, False) is the connector's own "no hit": nothing is loaded, vLLM recomputes.
+            return num_tokens, load_async and num_tokens > 0
+
+        def counted_after_alloc(request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> Any:
+            policy.on_kv_allocated(request, num_external_tokens)
+            return after_alloc(request, blocks, num_external_tokens)
+
+        def timed_update_output(connector_output: KVConnectorOutput) -> Any:
+            meta = connector_output.kv_connector_worker_meta
+            if isinstance(meta, OffloadingWorkerMetadata) and meta.transfer_stats.load.bytes > 0:
+                loads = meta.transfer_stats.load
+                policy.on_kv_loaded(loads.bytes / kv_bytes_per_token, loads.time)
+            return update_output(connector_output)
+
+        connector.get_num_new_matched_tokens = planned_lookup
+        connector.update_state_after_alloc = counted_after_alloc
+        connector.update_connector_output = timed_update_output
+
     @classmethod
-    def install(cls, connector: object | None) -> TierHooks | None:
+    def install(cls, connector: object | None, policy: RestorePolicy,
+                kv_cache_config: KVCacheConfig) -> TierHooks | None:
         """Hooks on the first OffloadingConnector among ``connector`` (or a MultiConnector's parts)."""
         for part in _connector_parts(connector):
             manager = getattr(getattr(part, "connector_scheduler", None), "manager", None)
             if isinstance(manager, OffloadingManager):
-                return cls(manager)
+                return cls(part, manager, policy, kv_bytes_per_token(kv_cache_config))
         return None
 
     def mark_never_reusable(self, req_id: str, from_token: int) -> None:
@@ -228,6 +289,14 @@ class TierHooks:
         if context is not None:
             context.set_state(NeverReusable(from_token))
             self.num_requests_marked += 1
+
+
+def kv_bytes_per_token(kv_cache_config: KVCacheConfig) -> float:
+    """Bytes of KV one token takes in the engine, all layers of its group (the mean over groups of
+    a hybrid model): what a tier moves per token."""
+    per_group = [g.kv_cache_spec.page_size_bytes * len(g.layer_names) / g.kv_cache_spec.block_size
+                 for g in kv_cache_config.kv_cache_groups]
+    return sum(per_group) / len(per_group) if per_group else 1.0
 
 
 def _connector_parts(connector: object | None) -> Iterable[object]:

@@ -63,6 +63,28 @@ def _wall_clock_ms() -> float:
     return time.time() * 1000.0
 
 
+class CoreRestorePolicy:
+    """The core's restore-or-recompute choice for the connector's tier, in vLLM's terms."""
+
+    def __init__(self, core: Meridian) -> None:
+        self._core = core
+        self._tier = core.add_kv_tier(TierHooks.TIER_NAME)
+
+    def restore_tokens(self, request: Request, num_hit_tokens: int) -> int:
+        handle = getattr(request, HANDLE_ATTR, None)
+        if handle is None:
+            return num_hit_tokens  # a request pending rejection: it is never scheduled
+        return self._core.plan_restore(handle, [self._tier], [num_hit_tokens]).num_restore_tokens
+
+    def on_kv_allocated(self, request: Request, num_external_tokens: int) -> None:
+        handle = getattr(request, HANDLE_ATTR, None)
+        if handle is not None:
+            self._core.on_kv_allocated(handle, num_external_tokens)
+
+    def on_kv_loaded(self, num_tokens: float, duration_s: float) -> None:
+        self._core.on_kv_load(self._tier, round(num_tokens), duration_s * 1000.0)
+
+
 class MeridianScheduler(AsyncScheduler):
     """vLLM's ``AsyncScheduler`` with Meridian's phase- and SLO-aware policy."""
 
@@ -100,7 +122,7 @@ class MeridianScheduler(AsyncScheduler):
         self._bus = SchedulerEndpoint() if processor_configured(self.vllm_config) else None
         self._install_queues()
         #: Meridian's eviction order on an OffloadingConnector's tier, when one is configured.
-        self.kv_tier = TierHooks.install(self.connector)
+        self.kv_tier = TierHooks.install(self.connector, CoreRestorePolicy(self.meridian), self.kv_cache_config)
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 

@@ -1,0 +1,129 @@
+//! [`Meridian`]'s side of the KV tiers beyond the device: it registers the tiers, folds the
+//! connector's load timings into their fits, and answers the restore-or-recompute question for a
+//! request with the step-time model's costs ([`crate::kv_tier`] holds the model). Invariant: a
+//! hit offered to a request is counted once, when vLLM allocates it, as loaded or recomputed
+//! tokens; an offer that is never allocated (the request left first) counts nowhere.
+
+use super::{Meridian, ReqHandle};
+use crate::error::Result;
+use crate::kv_tier::{RestorePlan, TierCounters, TierId, TierSpan};
+use crate::step_model::StepShape;
+
+impl Meridian {
+    /// Registers a KV tier by the connector's name for it; the same name gives the same id.
+    pub fn add_kv_tier(&mut self, name: &str) -> Result<TierId> {
+        self.kv_tiers.add_tier(name)
+    }
+
+    /// Folds a finished load of `num_tokens` tokens from `tier`, taking `duration_ms`, into the
+    /// tier's load cost.
+    pub fn on_kv_load(&mut self, tier: TierId, num_tokens: u64, duration_ms: f64) -> Result<()> {
+        self.kv_tiers.on_load(tier, num_tokens, duration_ms)
+    }
+
+    /// How much of a tier hit (`spans`, in prefix order after the device's own hit) the request
+    /// should load; the rest is recomputed. Both costs come from the step-time model: the extra
+    /// step a load takes is priced as one more step shaped like the last one measured (before
+    /// any, a one-decode step), a recomputed token at `per_prefill_token_ms`. The offer is
+    /// remembered until [`Self::on_kv_allocated`].
+    pub fn plan_restore(&mut self, handle: ReqHandle, spans: &[TierSpan]) -> Result<RestorePlan> {
+        self.get(handle)?;
+        let shape =
+            self.last_step_shape.unwrap_or(StepShape { num_decode_requests: 1, ..StepShape::default() });
+        let step_ms = self.step_model.predict_ms(shape);
+        let prefill_ms_per_token = self.step_model.coefficients().per_prefill_token_ms;
+        let plan = self.kv_tiers.plan(spans, step_ms, prefill_ms_per_token)?;
+        self.get_mut(handle)?.offered_restore_tokens = Some(plan.num_offered_tokens);
+        Ok(plan)
+    }
+
+    /// vLLM allocated the request with `num_loaded_tokens` coming from a tier: counts the last
+    /// offer as loaded and recomputed tokens. Without an offer pending nothing is counted.
+    pub fn on_kv_allocated(&mut self, handle: ReqHandle, num_loaded_tokens: u32) -> Result<()> {
+        if let Some(offered) = self.get_mut(handle)?.offered_restore_tokens.take() {
+            self.kv_tiers.on_allocated(offered, num_loaded_tokens);
+        }
+        Ok(())
+    }
+
+    /// A load for the request failed; vLLM recomputes what it should have brought.
+    pub fn on_kv_load_failure(&mut self, handle: ReqHandle) -> Result<()> {
+        self.get(handle)?;
+        self.kv_tiers.on_load_failure();
+        Ok(())
+    }
+
+    /// Restore and recompute counters of the KV tiers.
+    pub fn kv_tier_counters(&self) -> TierCounters {
+        self.kv_tiers.counters()
+    }
+
+    /// A tier's current fitted load cost (ms per token).
+    pub fn kv_load_ms_per_token(&self, tier: TierId) -> Result<f64> {
+        self.kv_tiers.load_ms_per_token(tier)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use crate::kv_tier::TierSpan;
+    use crate::{EngineLimits, Meridian, NewRequest, ReasoningMarkers};
+
+    fn core(config: &str) -> Meridian {
+        let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 2048, max_num_seqs: 64 };
+        Meridian::new(
+            Config::from_json(config).unwrap(),
+            limits,
+            ReasoningMarkers::new(vec![1], vec![2], vec![]),
+        )
+        .unwrap()
+    }
+
+    fn add(core: &mut Meridian, req_id: &str) -> crate::ReqHandle {
+        let new = NewRequest {
+            req_id,
+            arrival_ms: 0.0,
+            prompt_token_ids: &[7; 64],
+            max_tokens: 64,
+            slo_class: None,
+            priority: 0,
+        };
+        core.add_request(new).unwrap().0
+    }
+
+    /// The stated costs: seed step profile `base_ms` 10 with `per_prefill_token_ms` 0.1 (no fit),
+    /// load 0.02 ms/token: a hit restores from 10 / 0.08 = 125 tokens on.
+    const STATED: &str = r#"{"step_time": {"base_ms": 10, "per_prefill_token_ms": 0.1, "per_decode_request_ms": 0,
+        "per_context_token_ms": 0, "online_fit": false}, "kv_tier": {"load_ms_per_token": 0.02, "online_fit": false}}"#;
+
+    #[test]
+    fn restore_flips_at_the_stated_break_even_and_is_counted_once() {
+        let mut core = core(STATED);
+        let host = core.add_kv_tier("host").unwrap();
+        let a = add(&mut core, "a");
+        let short = core.plan_restore(a, &[TierSpan { tier: host, num_tokens: 112 }]).unwrap();
+        assert_eq!(short.num_restore_tokens, 0);
+        core.on_kv_allocated(a, 0).unwrap();
+        let long = core.plan_restore(a, &[TierSpan { tier: host, num_tokens: 128 }]).unwrap();
+        assert_eq!(long.num_restore_tokens, 128);
+        core.on_kv_allocated(a, 127).unwrap(); // vLLM cut a full hit by one token
+        core.on_kv_allocated(a, 127).unwrap(); // no offer pending: not counted again
+        let c = core.kv_tier_counters();
+        assert_eq!(
+            (c.num_recomputes, c.num_restores, c.num_restored_tokens, c.num_recomputed_tokens),
+            (1, 1, 127, 113)
+        );
+    }
+
+    #[test]
+    fn unknown_requests_and_tiers_are_errors() {
+        let mut core = core("{}");
+        let a = add(&mut core, "a");
+        assert!(core
+            .plan_restore(a, &[TierSpan { tier: crate::kv_tier::TierId(0), num_tokens: 16 }])
+            .is_err());
+        assert!(core.plan_restore(crate::ReqHandle(99), &[]).is_err());
+        assert!(core.on_kv_load_failure(crate::ReqHandle(99)).is_err());
+    }
+}
