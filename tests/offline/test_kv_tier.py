@@ -103,10 +103,18 @@ def test_preempted_requests_restore_from_the_host_tier_token_for_token(random_mo
     roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None, scheduler_cls=scheduler_cls)
     assert counted.preemptions == 0
     # Six requests of up to 140 tokens (5 blocks each) in 12 blocks: preemption every few steps.
+    seen: dict[str, Any] = {}
+
+    def inspect(scheduler: Any) -> None:
+        if scheduler_cls is not None:  # the connector's load timings reached the core's fit
+            seen.update(load_ms_per_token=scheduler.meridian.kv_load_ms_per_token(0), **scheduler.meridian.kv_tier_counters())
+
     tiered = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024),
-                      scheduler_cls=scheduler_cls, meridian=ALWAYS_RESTORE)
+                      scheduler_cls=scheduler_cls, meridian=ALWAYS_RESTORE, inspect=inspect)
     assert counted.preemptions > 0 and counted.stores > 0 and counted.loads > 0, vars(counted)
     assert tiered == roomy
+    if scheduler_cls is not None:
+        assert seen["num_restores"] == counted.loads and seen["load_ms_per_token"] != 0.005, seen
 
 
 #: Stated costs, nothing refitted: a step costs 20 ms and a recomputed token 1 ms, so a tier hit

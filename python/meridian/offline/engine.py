@@ -71,6 +71,34 @@ class EngineSpec:
     enable_prefix_caching: bool = True
     policy: str = "fcfs"
     additional_config: dict[str, Any] = field(default_factory=dict)
+    #: Blocks of the host KV tier (vLLM's OffloadingConnector on Meridian's host-copy spec, its
+    #: transfers simulated by the engine); 0: no tier.
+    num_host_blocks: int = 0
+    #: What a load from the host tier costs the simulated link per token.
+    host_load_ms_per_token: float = 0.0
+
+
+#: The (one-layer, one-head) KV layout offline engines give vLLM's KV cache manager.
+_KV_NUM_HEADS, _KV_HEAD_SIZE, _KV_DTYPE_BYTES = 1, 1, 4
+
+
+def _host_tier_config(spec: EngineSpec) -> Any:
+    """vLLM's OffloadingConnector on ``HostCopyOffloadingSpec`` with room for
+    ``spec.num_host_blocks`` blocks, thinking tokens stored too."""
+    from vllm.config import KVTransferConfig
+
+    from meridian.vllm.kvtier import HostCopyOffloadingSpec
+
+    page_bytes = 2 * spec.block_size * _KV_NUM_HEADS * _KV_HEAD_SIZE * _KV_DTYPE_BYTES
+    align = HostCopyOffloadingSpec.BLOCK_SIZE_ALIGNMENT
+    chunk_bytes = -(-page_bytes // align) * align
+    return KVTransferConfig(
+        kv_connector="OffloadingConnector", kv_role="kv_both",
+        kv_connector_extra_config={"spec_name": HostCopyOffloadingSpec.__name__,
+                                   "spec_module_path": HostCopyOffloadingSpec.__module__,
+                                   "cpu_bytes_to_use": spec.num_host_blocks * chunk_bytes,
+                                   "offload_prompt_only": False},
+    )
 
 
 def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) -> Any:
@@ -101,6 +129,7 @@ def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) ->
         reasoning_config=reasoning_config,
         device_config=DeviceConfig(device="cpu"),
         additional_config=spec.additional_config,
+        kv_transfer_config=_host_tier_config(spec) if spec.num_host_blocks > 0 else None,
     )
     # vLLM's CPU platform turns async scheduling off ("not required on CPU"); the engine here
     # stands in for a GPU engine, whose batch queue of two is what it models.
@@ -122,7 +151,8 @@ def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
         kv_cache_groups=[
             KVCacheGroupSpec(
                 ["layer"],
-                FullAttentionSpec(block_size=spec.block_size, num_kv_heads=1, head_size=1, dtype=torch.float32),
+                FullAttentionSpec(block_size=spec.block_size, num_kv_heads=_KV_NUM_HEADS, head_size=_KV_HEAD_SIZE,
+                                  dtype=torch.float32),
             )
         ],
     )
@@ -167,6 +197,64 @@ def sampled_tokens(output: Any, requests: dict[str, Any], token_at: Callable[[st
             continue
         sampled[req_id] = [token_at(req_id, request.num_computed_tokens - request.num_prompt_tokens)]
     return sampled
+
+
+class HostTierLink:
+    """The worker side of the host KV tier, simulated: every store and load job a step carries
+    completes with that step's output, and the output waits for the step's loads at
+    ``load_ms_per_token`` (a GPU's copy engine runs them beside the forward pass, so a step takes
+    the longer of the two). What the scheduler side sees is what vLLM's worker would report: the
+    completed jobs with their transfer sizes and times, and the requests whose loads finished."""
+
+    def __init__(self, scheduler: Any, load_ms_per_token: float) -> None:
+        from meridian.vllm.kvtier import kv_bytes_per_token
+
+        self.block_size = int(scheduler.block_size)
+        self.load_ms_per_token = load_ms_per_token
+        self.kv_bytes_per_token = kv_bytes_per_token(scheduler.kv_cache_config)
+
+    @staticmethod
+    def _jobs(output: Any) -> Any:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingConnectorMetadata
+
+        meta = output.kv_connector_metadata
+        return meta if isinstance(meta, OffloadingConnectorMetadata) else None
+
+    def _load_tokens(self, jobs: Any) -> int:
+        return sum(len(job.dst_spec.block_ids) for job in jobs.load_jobs.values()) * self.block_size
+
+    def has_jobs(self, output: Any) -> bool:
+        jobs = self._jobs(output)
+        return jobs is not None and bool(jobs.load_jobs or jobs.store_jobs)
+
+    def load_ms(self, output: Any) -> float:
+        jobs = self._jobs(output)
+        return 0.0 if jobs is None else self._load_tokens(jobs) * self.load_ms_per_token
+
+    def load_req_ids(self, output: Any) -> list[str]:
+        jobs = self._jobs(output)
+        return [] if jobs is None else [job.req_id for job in jobs.load_jobs.values()]
+
+    def load_tokens(self, output: Any) -> int:
+        jobs = self._jobs(output)
+        return 0 if jobs is None else self._load_tokens(jobs)
+
+    def connector_output(self, output: Any) -> Any:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+        from vllm.v1.outputs import KVConnectorOutput
+
+        jobs = self._jobs(output)
+        if jobs is None:
+            return None
+        meta = OffloadingWorkerMetadata()
+        for job_id in (*jobs.store_jobs, *jobs.load_jobs):
+            meta.mark_completed(job_id)
+        num_tokens = self._load_tokens(jobs)
+        if num_tokens:
+            meta.transfer_stats.load.record(round(num_tokens * self.kv_bytes_per_token),
+                                            num_tokens * self.load_ms_per_token / 1000.0)
+        finished = {job.req_id for job in jobs.load_jobs.values()}
+        return KVConnectorOutput(finished_recving=finished or None, kv_connector_worker_meta=meta)
 
 
 class OutputScript(Protocol):
@@ -265,6 +353,11 @@ class EngineRun:
     #: Free KV blocks before the first request, and after the last finished.
     max_num_free_blocks: int = 0
     final_num_free_blocks: int = 0
+    #: With a host KV tier: load jobs, tokens loaded, and resumes of preempted requests that
+    #: loaded (part of) their KV back instead of recomputing all of it.
+    num_tier_loads: int = 0
+    num_tier_loaded_tokens: int = 0
+    num_restored_resumes: int = 0
 
     @property
     def reports(self) -> list[FinishedRequest]:
@@ -293,6 +386,7 @@ class OfflineEngine:
         keep_output_tokens: bool = True,
         max_steps: int = 10_000_000,
         progress: Callable[[int], None] | None = None,
+        host_load_ms_per_token: float = 0.0,
     ) -> None:
         from meridian.vllm.convert import step_shape
 
@@ -315,9 +409,13 @@ class OfflineEngine:
         self.batch_queue: deque[tuple[Any, dict[str, list[int]], float]] = deque()
         self._live: dict[str, tuple[OfflineRequest, Timeline, int]] = {}
         self.result = EngineRun()
+        #: The host tier's simulated link, when the scheduler has a connector.
+        self.tier_link = HostTierLink(scheduler, host_load_ms_per_token) if scheduler.connector is not None else None
         #: Passes of the busy loop so far (one ``step_with_batch_queue`` call each, plus idle
         #: jumps); arrivals are added at the top of a pass, as ``EngineCore`` does between steps.
         self.num_loop_passes = 0
+        #: Preempted requests that have not loaded KV back since.
+        self._preempted: set[str] = set()
 
     def run(self) -> EngineRun:
         """Runs until every admitted request has finished."""
@@ -342,7 +440,8 @@ class OfflineEngine:
         oldest batch once the queue is full or nothing more can be scheduled."""
         if self.scheduler.has_requests():
             output = self._schedule()
-            executed = output.total_num_scheduled_tokens > 0
+            executed = output.total_num_scheduled_tokens > 0 or (
+                self.tier_link is not None and self.tier_link.has_jobs(output))
             finish_ms = self._execute(output) if executed else self.now_ms
             self.batch_queue.appendleft((output, self._model(output), finish_ms))
             if len(self.batch_queue) < self.batch_queue_size and (executed or self.scheduler.has_requests()):
@@ -376,6 +475,8 @@ class OfflineEngine:
     def _execute(self, output: Any) -> float:
         """Occupies the virtual device with the step; returns when its output is ready."""
         step_ms = self.step_time_ms(self._step_shape(output, self.scheduler.requests))
+        if self.tier_link is not None:
+            step_ms = max(step_ms, self.tier_link.load_ms(output))
         start_ms = max(self.now_ms, self.device_free_ms)
         self.device_free_ms = start_ms + step_ms
         self.result.device_busy_ms += step_ms
@@ -390,7 +491,11 @@ class OfflineEngine:
         )
 
     def _apply(self, output: Any, sampled: dict[str, list[int]]) -> None:
-        engine_outputs = self.scheduler.update_from_output(output, runner_output(sampled))
+        model_output = runner_output(sampled)
+        if self.tier_link is not None:
+            model_output.kv_connector_output = self.tier_link.connector_output(output)
+            self._count_loads(output)
+        engine_outputs = self.scheduler.update_from_output(output, model_output)
         handles: list[int] = []
         counts: list[int] = []
         flat: list[int] = []
@@ -414,6 +519,15 @@ class OfflineEngine:
             self.observer.on_tokens_batch(self.now_ms, handles, counts, flat)
         for req_id, reason in finished:
             self._finish(req_id, reason)
+
+    def _count_loads(self, output: Any) -> None:
+        assert self.tier_link is not None
+        req_ids = self.tier_link.load_req_ids(output)
+        result = self.result
+        result.num_tier_loads += len(req_ids)
+        result.num_tier_loaded_tokens += self.tier_link.load_tokens(output)
+        result.num_restored_resumes += sum(1 for req_id in req_ids if req_id in self._preempted)
+        self._preempted.difference_update(req_ids)
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -457,12 +571,14 @@ class OfflineEngine:
         self.scheduler.add_request(request)
 
     def _observe_preemption(self, req_id: str) -> None:
+        self._preempted.add(req_id)
         entry = self._live.get(req_id)
         if entry is not None:
             _phase, alarm = self.observer.on_preempted(self.now_ms, entry[2])
             self.result.num_answer_preemption_alarms += alarm
 
     def _finish(self, req_id: str, reason: str) -> None:
+        self._preempted.discard(req_id)
         offline, timeline, handle = self._live.pop(req_id)
         timeline.thinking_stopped_by = offline.script.thinking_stopped_by
         timeline.finish_reason = reason

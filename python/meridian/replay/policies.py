@@ -116,8 +116,29 @@ def scheduler_config(meridian_config: dict[str, Any], spec: PolicySpec, profile:
     return config
 
 
-def engine_spec(spec: PolicySpec, profile: Profile, meridian_config: dict[str, Any], model_dir: Path) -> EngineSpec:
-    """The vLLM engine a policy is replayed on: the profile's KV capacity and batch limits."""
+@dataclass(frozen=True)
+class HostTier:
+    """The host KV tier a replay models: vLLM's OffloadingConnector with this many blocks of host
+    memory, loads priced at the profile's host link."""
+
+    num_blocks: int
+    load_ms_per_token: float
+
+    @classmethod
+    def of(cls, profile: Profile, host_gib: float) -> HostTier | None:
+        """A tier of ``host_gib`` GiB of host memory on ``profile`` (None for 0)."""
+        if host_gib <= 0:
+            return None
+        kv_bytes = getattr(profile.cost, "kv_bytes_per_token", None)
+        load_ms_per_token = profile.host_load_ms_per_token()
+        num_blocks = int(host_gib * 2**30 // (int(kv_bytes or 0) * profile.block_size))
+        return cls(num_blocks=max(1, num_blocks), load_ms_per_token=load_ms_per_token)
+
+
+def engine_spec(spec: PolicySpec, profile: Profile, meridian_config: dict[str, Any], model_dir: Path,
+                host_tier: HostTier | None = None) -> EngineSpec:
+    """The vLLM engine a policy is replayed on: the profile's KV capacity and batch limits, and
+    the host tier if one is modelled."""
     return EngineSpec(
         model_dir=model_dir,
         num_blocks=profile.num_kv_blocks,
@@ -127,6 +148,8 @@ def engine_spec(spec: PolicySpec, profile: Profile, meridian_config: dict[str, A
         max_model_len=profile.max_model_len,
         policy=spec.vllm_policy,
         additional_config=additional_config(spec, meridian_config, profile),
+        num_host_blocks=host_tier.num_blocks if host_tier is not None else 0,
+        host_load_ms_per_token=host_tier.load_ms_per_token if host_tier is not None else 0.0,
     )
 
 
@@ -149,12 +172,13 @@ def replay_engine(
     scheduler_cls: type[Any] | None = None,
     engine_cls: type[OfflineEngine] = OfflineEngine,
     batch_queue_size: int | None = None,
+    host_tier: HostTier | None = None,
 ) -> OfflineEngine:
     """The engine that replays ``requests`` under one policy on ``profile``, ready to run.
     ``scheduler_cls`` replaces the policy's scheduler class (a subclass of it, say), and
     ``engine_cls`` the engine loop's class."""
     scheduler = build_scheduler(
-        scheduler_cls or scheduler_class(spec), engine_spec(spec, profile, meridian_config, model_dir)
+        scheduler_cls or scheduler_class(spec), engine_spec(spec, profile, meridian_config, model_dir, host_tier)
     )
     return engine_cls(
         scheduler,
@@ -164,6 +188,7 @@ def replay_engine(
         batch_queue_size=batch_queue_size,
         keep_output_tokens=False,
         progress=progress,
+        host_load_ms_per_token=host_tier.load_ms_per_token if host_tier is not None else 0.0,
     )
 
 

@@ -198,6 +198,10 @@ CAPACITY_KEYS: dict[str, _Spec] = {
     "max_num_batched_tokens": _POS_INT,
     "max_model_len": _POS_INT,
 }
+#: The host KV tier's link (optional: a profile without it cannot model the tier).
+TIER_KEYS: dict[str, _Spec] = {
+    "host_link_bytes_per_s": _Spec("number", low=0, required=False),
+}
 META_KEYS: dict[str, _Spec] = {
     "name": _Spec("str"),
     "description": _Spec("str"),
@@ -308,6 +312,7 @@ class Profile:
     sources: dict[str, str]  # field name -> citation (URL/paper/measurement and the number taken)
     derivation: dict[str, str] = field(default_factory=dict)  # field name -> how it was computed
     validation: list[Any] = field(default_factory=list)  # predicted vs published comparisons
+    host_link_bytes_per_s: float | None = None  # achieved device <-> host copy bandwidth, one direction
 
     @property
     def model(self) -> str:
@@ -321,6 +326,17 @@ class Profile:
     def step_time_ms(self, batch: StepBatch) -> float:
         """Wall time of one engine step of shape ``batch``, in ms."""
         return self.cost.step_ms(batch)
+
+    def host_load_ms_per_token(self) -> float:
+        """What loading one token's KV back from host memory takes on the host link, in ms;
+        ``ProfileError`` when the profile cannot say (no link, or no KV size per token)."""
+        kv_bytes = getattr(self.cost, "kv_bytes_per_token", None)
+        if self.host_link_bytes_per_s is None or kv_bytes is None:
+            raise ProfileError(
+                f"profile {self.name}: the host KV tier needs 'host_link_bytes_per_s' and a roofline "
+                "profile's 'kv_bytes_per_token'"
+            )
+        return float(kv_bytes) / self.host_link_bytes_per_s * 1e3
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> Profile:
@@ -346,8 +362,8 @@ class Profile:
         if model not in COST_KEYS:
             raise ProfileError(f"profile {source}: key 'model' must be one of {sorted(COST_KEYS)}, got {model!r}")
         cost_specs = COST_KEYS[model]
-        _check_keys(source, data, {**META_KEYS, **CAPACITY_KEYS, **cost_specs})
-        _check_sources(source, data["sources"], [*CAPACITY_KEYS, *cost_specs])
+        _check_keys(source, data, {**META_KEYS, **CAPACITY_KEYS, **cost_specs, **TIER_KEYS})
+        _check_sources(source, data["sources"], [*CAPACITY_KEYS, *cost_specs, *(k for k in TIER_KEYS if k in data)])
         _check_capacity(source, data)
         cost = COST_TYPES[model](**{key: data[key] for key in cost_specs})
         return cls(
@@ -357,6 +373,7 @@ class Profile:
             sources=dict(data["sources"]),
             derivation=dict(data.get("derivation", {})),
             validation=list(data.get("validation", [])),
+            host_link_bytes_per_s=data.get("host_link_bytes_per_s"),
             **{key: data[key] for key in CAPACITY_KEYS},
         )
 
@@ -365,6 +382,8 @@ class Profile:
         data: dict[str, Any] = {"name": self.name, "description": self.description, "model": self.model}
         data.update({key: getattr(self, key) for key in CAPACITY_KEYS})
         data.update({key: getattr(self.cost, key) for key in COST_KEYS[self.model]})
+        if self.host_link_bytes_per_s is not None:
+            data["host_link_bytes_per_s"] = self.host_link_bytes_per_s
         data["sources"] = dict(self.sources)
         if self.derivation:
             data["derivation"] = dict(self.derivation)
