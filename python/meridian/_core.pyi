@@ -5,7 +5,7 @@ from typing import Final, Literal, final
 
 __all__ = [
     "__version__", "CLASS_ARG", "POLICY_NAMES", "THINKING_ARG", "THINKING_BUDGET_ARG",
-    "Config", "FinishedRequest", "Meridian", "StepPlan", "ThinkingControl", "ThinkingStream", "kernel_source",
+    "Config", "FinishedRequest", "Meridian", "RestorePlan", "StepPlan", "ThinkingControl", "ThinkingStream", "kernel_source",
 ]
 __version__: str
 #: Request argument (``vllm_xargs`` / ``SamplingParams.extra_args``) naming the SLO class.
@@ -76,6 +76,7 @@ class RestorePlan:
     def recompute_ms(self) -> float:
         """Modelled cost of recomputing the whole hit."""
 
+@final
 class StepPlan:
     """One engine step's decisions."""
 
@@ -220,13 +221,13 @@ class Meridian:
         """How much of a tier hit to load; ``tiers[i]`` holds the next ``num_tokens[i]`` tokens."""
     def on_kv_allocated(self, handle: int, num_loaded_tokens: int) -> None:
         """vLLM allocated the request with ``num_loaded_tokens`` from a tier: counts the last offer."""
-    def on_kv_load_failure(self, handle: int) -> None:
-        """A KV load for the request failed; vLLM recomputes."""
+    def on_kv_load_failure(self, handle: int, num_blocks: int) -> None:
+        """Loads of ``num_blocks`` of the request's KV blocks failed; it recomputes from now on."""
     def kv_load_ms_per_token(self, tier: int) -> float:
         """A tier's current fitted load cost (ms per token)."""
     def kv_tier_counters(self) -> dict[str, int]:
         """``num_restores``, ``num_restored_tokens``, ``num_recomputes``, ``num_recomputed_tokens``,
-        ``num_load_failures``."""
+        ``num_failed_load_blocks``."""
 
 
 @final

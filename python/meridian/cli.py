@@ -71,6 +71,16 @@ def _floats(text: str) -> list[float]:
     return values
 
 
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
 def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replay = sub.add_parser(
         "replay",
@@ -106,6 +116,9 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     replay.add_argument("--config", default=None,
                         help="Meridian config (the `meridian` block) as JSON or @file: classes, targets, knobs")
     replay.add_argument("--seed", type=int, default=0, help="seed of every sampled quantity (default 0)")
+    replay.add_argument("--host-tier-gib", type=_non_negative, default=0.0,
+                        help="host memory of a KV tier (vLLM's OffloadingConnector, loads at the profile's host link) "
+                             "every policy runs with, in GiB (default 0: none)")
     replay.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     replay.add_argument("--json", type=Path, default=None, help="write the metrics to this JSON file")
     replay.add_argument("--report-dir", type=Path, default=None, help="write PNG plots and replay.json here")
@@ -143,7 +156,7 @@ def _replay(args: argparse.Namespace) -> int:
         servegen_dir=args.servegen_dir, classes=args.classes, rate_scales=args.rate_scale, start_s=args.start_s,
         duration_s=args.duration_s, limit=args.limit, profile=args.profile, policies=args.policies,
         config=args.config, seed=args.seed, jobs=args.jobs, progress=not args.no_progress,
-        cache_dir=args.cache_dir, json_path=args.json, report_dir=args.report_dir,
+        cache_dir=args.cache_dir, json_path=args.json, report_dir=args.report_dir, host_tier_gib=args.host_tier_gib,
     )
 
 

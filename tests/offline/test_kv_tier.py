@@ -23,12 +23,15 @@ KV_BYTES_PER_TOKEN = 2 * 4 * 4 * 64 * 4
 NUM_PROMPTS, PROMPT_TOKENS, MAX_TOKENS = 6, 40, 100
 
 
-def tier_config(cpu_bytes: int) -> dict[str, Any]:
-    return {
-        "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+def tier_config(cpu_bytes: int, connector: str = "OffloadingConnector") -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "kv_connector": connector, "kv_role": "kv_both",
         "kv_connector_extra_config": {"spec_name": "HostCopyOffloadingSpec", "spec_module_path": "meridian.vllm.kvtier",
                                       "cpu_bytes_to_use": cpu_bytes, "offload_prompt_only": False},
     }
+    if connector != "OffloadingConnector":
+        config.update(kv_connector_module_path="meridian.vllm.kvtier", kv_load_failure_policy="recompute")
+    return config
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +175,50 @@ def test_corrupted_restores_change_the_output(random_model: Path, counted: Count
     corrupted = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024))
     assert counted.loads > 0
     assert corrupted != roomy
+
+
+def failing_loads(monkeypatch: pytest.MonkeyPatch, num_failing: int | None) -> None:
+    """The first ``num_failing`` load jobs (all when None) read chunks marked as holding nothing
+    usable — what a failed store leaves — so their blocks never arrive."""
+    from meridian.vllm.kvtier import HostCopyWorker
+
+    copy_rows, failed = HostCopyWorker._copy_rows, []
+
+    def sabotaged(self: HostCopyWorker, tensor: int, pairs: list[tuple[int, int]], *, to_host: bool) -> None:
+        if not to_host and (num_failing is None or len(failed) < num_failing):
+            failed.append(pairs)
+            self._bad_chunks.update(chunk for _block, chunk in pairs)
+        copy_rows(self, tensor, pairs, to_host=to_host)
+        if not to_host and num_failing is not None:
+            self._bad_chunks.clear()  # a transient failure: the next load of these chunks works
+
+    monkeypatch.setattr(HostCopyWorker, "_copy_rows", sabotaged)
+
+
+@pytest.mark.parametrize(("scheduler_cls", "num_failing"),
+                         [(None, 2), ("meridian.vllm.MeridianScheduler", 2), ("meridian.vllm.MeridianScheduler", None)],
+                         ids=["vllm-transient", "meridian-transient", "meridian-every-load"])
+def test_failed_loads_are_recomputed_and_nothing_is_lost(random_model: Path, counted: Counts, monkeypatch: pytest.MonkeyPatch,
+                                                         scheduler_cls: str | None, num_failing: int | None) -> None:
+    """MeridianOffloadingConnector reports the blocks of a failed load and vLLM's
+    ``kv_load_failure_policy: recompute`` recomputes them: the tokens are the unpressured run's.
+    When every load fails, Meridian recomputes a request after its first failure (stock vLLM
+    would look the same bad copy up again, and again)."""
+    seen: dict[str, Any] = {}
+
+    def inspect(scheduler: Any) -> None:
+        if scheduler_cls is not None:
+            seen.update(scheduler.meridian.kv_tier_counters())
+
+    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None)
+    failing_loads(monkeypatch, num_failing)
+    tiered = generate(random_model, kv_cache_blocks=12,
+                      kv_transfer_config=tier_config(64 * 1024 * 1024, "MeridianOffloadingConnector"),
+                      scheduler_cls=scheduler_cls, meridian=ALWAYS_RESTORE, inspect=inspect)
+    assert counted.loads > 0, vars(counted)
+    assert tiered == roomy
+    if scheduler_cls is not None:
+        assert seen["num_failed_load_blocks"] > 0, seen
 
 
 def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random_model: Path, counted: Counts) -> None:

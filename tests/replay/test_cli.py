@@ -117,6 +117,25 @@ def test_bad_arguments_fail_with_a_message_naming_them(
     assert message in capsys.readouterr().err
 
 
+def test_the_host_tier_needs_a_profile_that_prices_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["replay", "--trace", str(write_trace(tmp_path / "t.jsonl", n=3)), "--no-progress",
+                 "--profile", str(write_profile(tmp_path / "p.json")), "--host-tier-gib", "8"])
+    assert code == 2
+    assert "host_link_bytes_per_s" in capsys.readouterr().err
+
+
+def test_a_replay_with_the_host_tier_states_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out.json"
+    code = main(["replay", "--trace", str(write_trace(tmp_path / "t.jsonl", n=6)), "--profile", "h200-qwen3-8b",
+                 "--policies", "vllm-fcfs", "--host-tier-gib", "16", "--json", str(out), "--no-progress",
+                 "--cache-dir", str(tmp_path / "cache"), "--jobs", "1"])
+    assert code == 0
+    assert "host KV tier: 16 GiB (7281 blocks)" in capsys.readouterr().out
+    payload = json.loads(out.read_text())
+    assert payload["workload"]["host_tier"]["num_blocks"] == 16 * 2**30 // (147456 * 16)
+    assert set(payload["policies"]["vllm-fcfs"]["kv_tier"]) == {"loads", "loaded_tokens", "restored_resumes"}
+
+
 def test_a_malformed_trace_fails_with_its_line_number(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     trace = write_trace(tmp_path / "t.jsonl", n=3)
     lines = trace.read_text().splitlines()

@@ -69,9 +69,9 @@ pub struct TierCounters {
     pub num_recomputes: u64,
     /// Offered tokens recomputed instead of loaded (declined by the plan, or trimmed by vLLM).
     pub num_recomputed_tokens: u64,
-    /// Loads that failed; vLLM recomputed what they should have brought (its
-    /// `kv_load_failure_policy`).
-    pub num_load_failures: u64,
+    /// Blocks whose load failed; vLLM recomputes them (its `kv_load_failure_policy`
+    /// `recompute`) or fails their requests (`fail`).
+    pub num_failed_load_blocks: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -195,9 +195,9 @@ impl KvTiers {
         self.counters.num_recomputed_tokens += u64::from(num_offered_tokens - loaded);
     }
 
-    /// Counts a failed load.
-    pub fn on_load_failure(&mut self) {
-        self.counters.num_load_failures += 1;
+    /// Counts blocks whose load failed.
+    pub fn on_load_failure(&mut self, num_blocks: u64) {
+        self.counters.num_failed_load_blocks += num_blocks;
     }
 
     /// The counters.
@@ -299,11 +299,11 @@ mod tests {
         t.on_allocated(64, 48);
         t.on_allocated(32, 0);
         t.on_allocated(0, 0);
-        t.on_load_failure();
+        t.on_load_failure(3);
         let c = t.counters();
         assert_eq!((c.num_restores, c.num_restored_tokens), (1, 48));
         assert_eq!((c.num_recomputes, c.num_recomputed_tokens), (1, 48));
-        assert_eq!(c.num_load_failures, 1);
+        assert_eq!(c.num_failed_load_blocks, 3);
     }
 
     proptest! {

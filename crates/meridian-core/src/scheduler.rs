@@ -190,6 +190,8 @@ struct Tracked {
     /// Tokens of a KV tier hit last offered to it and not yet allocated
     /// ([`Meridian::plan_restore`], [`Meridian::on_kv_allocated`]).
     offered_restore_tokens: Option<u32>,
+    /// A KV load of this request failed: it recomputes from now on.
+    kv_load_failed: bool,
 }
 
 impl Tracked {
@@ -497,6 +499,7 @@ impl Meridian {
             waiting_since_ms: arrival_ms,
             arrival_preempted_ms: None,
             offered_restore_tokens: None,
+            kv_load_failed: false,
             probe: false,
         };
         let handle = self.insert(tracked);

@@ -451,9 +451,9 @@ impl PyMeridian {
         self.inner.on_kv_allocated(core::ReqHandle(handle), num_loaded_tokens).map_err(to_py)
     }
 
-    /// A KV load for the request failed (vLLM recomputes).
-    fn on_kv_load_failure(&mut self, handle: u64) -> PyResult<()> {
-        self.inner.on_kv_load_failure(core::ReqHandle(handle)).map_err(to_py)
+    /// Loads of `num_blocks` of the request's KV blocks failed; it recomputes from now on.
+    fn on_kv_load_failure(&mut self, handle: u64, num_blocks: u64) -> PyResult<()> {
+        self.inner.on_kv_load_failure(core::ReqHandle(handle), num_blocks).map_err(to_py)
     }
 
     /// A tier's current fitted load cost in ms per token.
@@ -469,7 +469,7 @@ impl PyMeridian {
         d.set_item("num_restored_tokens", c.num_restored_tokens)?;
         d.set_item("num_recomputes", c.num_recomputes)?;
         d.set_item("num_recomputed_tokens", c.num_recomputed_tokens)?;
-        d.set_item("num_load_failures", c.num_load_failures)?;
+        d.set_item("num_failed_load_blocks", c.num_failed_load_blocks)?;
         Ok(d)
     }
 

@@ -51,6 +51,8 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         num_steps=run.num_steps,
         device_utilization=run.device_busy_ms / max(run.clock_ms, 1e-9),
         answer_preemption_alarms=run.num_answer_preemption_alarms,
+        kv_tier={"loads": run.num_tier_loads, "loaded_tokens": run.num_tier_loaded_tokens,
+                 "restored_resumes": run.num_restored_resumes},
     )
     return summary
 
@@ -150,6 +152,13 @@ def table(summaries: Sequence[dict[str, Any]], baseline: str | None = "vllm-fcfs
             f"{_fmt(s['ttfat_ms']['p50'], 1000):>9} {_fmt(s['ttfat_ms']['p99'], 1000):>8} "
             f"{_fmt(s['answer_tpot_ms']['p50']):>11} {_fmt(s['answer_tpot_ms']['p99']):>8} {s['stalls']:>6} "
             f"{str(pre['think']) + '/' + str(pre['answer']):>11}"
+        )
+    tiered = [s for s in summaries if s.get("kv_tier", {}).get("loads")]
+    if tiered:
+        lines.append(
+            "host KV tier: "
+            + ", ".join(f"{s['policy']} {s['kv_tier']['restored_resumes']} of {sum(s['preemptions'].values())} "
+                        f"preempted requests restored ({s['kv_tier']['loaded_tokens']:,} tokens loaded)" for s in tiered)
         )
     stopped = [s for s in summaries if s.get("thinking_stops")]
     if stopped:

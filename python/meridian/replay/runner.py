@@ -24,7 +24,7 @@ from typing import Any
 from meridian._core import Config
 from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
-from meridian.replay.policies import POLICIES, policy_spec, replay_policy
+from meridian.replay.policies import POLICIES, HostTier, policy_spec, replay_policy
 from meridian.replay.profiles import Profile
 from meridian.replay.report import PolicyRun, plot_cdfs, plot_load_sweep, policy_run, table, write_json
 from meridian.replay.workload import model_dir_for, offline_requests
@@ -63,6 +63,8 @@ class ReplayOptions:
     policies: Sequence[str] = tuple(POLICIES)
     meridian_config: dict[str, Any] = field(default_factory=default_meridian_config)
     seed: int = 0
+    #: Host memory of the KV tier every policy runs with (GiB; 0: no tier).
+    host_tier_gib: float = 0.0
     jobs: int = 0  # 0: one per core, at most one per run
     progress: bool = True
     cache_dir: Path = Path(".cache")
@@ -164,6 +166,7 @@ def _run_one(
     profile: Profile,
     meridian_config: dict[str, Any],
     cache_dir: Path,
+    host_tier: HostTier | None,
     tick: Callable[[int], None],
 ) -> PolicyRun:
     scaled = traces.scale_rate(requests, rate_scale)
@@ -175,6 +178,7 @@ def _run_one(
         meridian_config=meridian_config,
         model_dir=model_dir_for(profile, cache_dir),
         progress=tick,
+        host_tier=host_tier,
     )
     return policy_run(result, rate_scale)
 
@@ -185,7 +189,8 @@ _WORK: dict[str, Any] = {}
 
 def _worker(job: tuple[str, float]) -> PolicyRun:
     queue = _WORK["queue"]
-    return _run_one(*job, _WORK["requests"], _WORK["profile"], _WORK["config"], _WORK["cache_dir"], queue.put)
+    return _run_one(*job, _WORK["requests"], _WORK["profile"], _WORK["config"], _WORK["cache_dir"], _WORK["host_tier"],
+                    queue.put)
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:
@@ -194,9 +199,12 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     for name in options.policies:
         policy_spec(name)  # fail on a typo before any work
     profile = Profile.load(options.profile)
+    host_tier = HostTier.of(profile, options.host_tier_gib)  # fails on a profile without a host link
     requests, workload = build_workload(options)
     check_classes(requests, options.meridian_config)
     workload["rate_scales"] = list(options.rate_scales)
+    workload["host_tier"] = None if host_tier is None else {
+        "gib": options.host_tier_gib, "num_blocks": host_tier.num_blocks, "load_ms_per_token": host_tier.load_ms_per_token}
     jobs = [(policy, scale) for scale in options.rate_scales for policy in options.policies]
     total = len(jobs) * len(requests)
     bar = _progress_bar(total, options.progress)
@@ -204,10 +212,11 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     try:
         if num_workers <= 1:
             runs = [
-                _run_one(p, s, requests, profile, options.meridian_config, options.cache_dir, bar.update) for p, s in jobs
+                _run_one(p, s, requests, profile, options.meridian_config, options.cache_dir, host_tier, bar.update)
+                for p, s in jobs
             ]
         else:
-            runs = _run_parallel(jobs, requests, profile, options, num_workers, bar.update)
+            runs = _run_parallel(jobs, requests, profile, host_tier, options, num_workers, bar.update)
     finally:
         bar.close()
     return ReplayReport(workload=workload, profile=profile, runs=runs)
@@ -217,6 +226,7 @@ def _run_parallel(
     jobs: list[tuple[str, float]],
     requests: list[traces.TraceRequest],
     profile: Profile,
+    host_tier: HostTier | None,
     options: ReplayOptions,
     num_workers: int,
     tick: Callable[[int], None],
@@ -225,7 +235,8 @@ def _run_parallel(
 
     context = multiprocessing.get_context("fork")
     queue = context.SimpleQueue()
-    _WORK.update(requests=requests, profile=profile, config=options.meridian_config, cache_dir=options.cache_dir, queue=queue)
+    _WORK.update(requests=requests, profile=profile, config=options.meridian_config, cache_dir=options.cache_dir,
+                 host_tier=host_tier, queue=queue)
     done = threading.Event()
 
     def pump() -> None:
@@ -290,6 +301,10 @@ def render(report: ReplayReport) -> str:
         f"          classes: {report.workload['class_rule']}",
         f"profile:  {report.profile.name} — {report.profile.description}",
     ]
+    tier = report.workload.get("host_tier")
+    if tier is not None:
+        lines.append(f"host KV tier: {tier['gib']:g} GiB ({tier['num_blocks']} blocks), loads at "
+                     f"{tier['load_ms_per_token'] * 1000:.2f} µs per token")
     for scale in report.rate_scales:
         lines += ["", f"rate scale ×{scale:g}", table([r.summary for r in report.at(scale)])]
     return "\n".join(lines)
@@ -315,6 +330,7 @@ def replay_command(
     cache_dir: Path,
     json_path: Path | None,
     report_dir: Path | None,
+    host_tier_gib: float = 0.0,
 ) -> int:
     """``meridian replay``: runs the replay its flags describe, prints the table, writes outputs.
     Without a trace: the bundled excerpt at the demo's window and load (the whole excerpt at its
@@ -335,6 +351,7 @@ def replay_command(
         policies=[p.strip() for p in policies.split(",") if p.strip()],
         meridian_config=load_config_arg(config),
         seed=seed,
+        host_tier_gib=host_tier_gib,
         jobs=jobs,
         progress=progress,
         cache_dir=cache_dir,

@@ -23,12 +23,15 @@ also puts the core's restore-or-recompute choice between vLLM's scheduler and th
 lookup (a hit the core prices dearer than its recompute is reported as no hit, so vLLM
 recomputes it) and feeds the core the connector's own load timings. Invariants: a
 transfer is complete when ``submit_*`` returns (the copies are synchronous), so ``get_finished``
-reports every submitted job exactly once and ``wait`` never blocks; one offload chunk is one
+reports every submitted job exactly once (complete: a block that did not arrive is reported
+through ``MeridianOffloadingConnector`` instead, and a chunk whose store failed is never loaded)
+and ``wait`` never blocks; one offload chunk is one
 engine block (``blocks_per_chunk`` 1), checked at construction; a block with no recorded position
 is treated as reusable (never dropped on a guess)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Sequence
@@ -37,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 from vllm.platforms import current_platform
 from vllm.v1.kv_offload.base import (
     BlockIDsLoadStoreSpec,
@@ -58,6 +62,8 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
+
+logger = logging.getLogger("meridian")
 
 #: Finished requests whose contexts ``TierHooks`` keeps until the manager is done with them.
 MAX_TRACKED_CONTEXTS = 65536
@@ -86,6 +92,19 @@ class HostCopyOffloadingSpec(CPUOffloadingSpec):
         return self._host_worker
 
 
+class MeridianOffloadingConnector(OffloadingConnector):
+    """vLLM's OffloadingConnector, plus the one thing its worker side lacks: reporting blocks
+    whose load failed (``get_block_ids_with_load_errors``), so vLLM's ``kv_load_failure_policy``
+    applies — ``recompute`` recomputes them and nothing is lost — instead of an assertion in the
+    worker. Failures are known for the host-copy worker; with CUDA's stock worker nothing more
+    is reported than vLLM itself reports. Selected with ``"kv_connector":
+    "MeridianOffloadingConnector", "kv_connector_module_path": "meridian.vllm.kvtier"``."""
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        worker = getattr(self.connector_worker, "worker", None)
+        return worker.take_failed_block_ids() if isinstance(worker, HostCopyWorker) else set()
+
+
 class HostCopyWorker(OffloadingWorker):
     """Synchronous block copies, one row per (tensor, block): a per-row ``copy_`` runs at memory
     speed where advanced indexing (``dst[idx] = src[idx]``) was measured 10× slower."""
@@ -96,6 +115,8 @@ class HostCopyWorker(OffloadingWorker):
         # Several groups (or layers) may alias one tensor: copy each tensor once per block.
         self._tensors_of_group = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
         self._finished: list[TransferResult] = []
+        self._failed_block_ids: set[int] = set()
+        self._bad_chunks: set[int] = set()
 
     def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
         return self._copy(job_id, src_spec, dst_spec, to_host=True)
@@ -110,28 +131,54 @@ class HostCopyWorker(OffloadingWorker):
     def wait(self, job_ids: set[int]) -> None:
         return None
 
+    def take_failed_block_ids(self) -> set[int]:
+        """Engine blocks whose loads failed since the last call (their bytes never arrived)."""
+        failed, self._failed_block_ids = self._failed_block_ids, set()
+        return failed
+
     def _copy(self, job_id: int, engine_spec: GPULoadStoreSpec, host_spec: LoadStoreSpec, *, to_host: bool) -> bool:
         assert isinstance(host_spec, BlockIDsLoadStoreSpec)
         started = time.perf_counter()
         block_ids, chunk_ids = engine_spec.block_ids.tolist(), host_spec.block_ids.tolist()
         if len(block_ids) != len(chunk_ids):
             # With one block per chunk the two lists pair up; anything else is a layout this
-            # worker does not know, and the job fails (vLLM falls back per its load-failure policy).
-            self._finished.append(TransferResult(job_id=job_id, success=False))
+            # worker does not know: nothing is copied, and a load's blocks are reported failed.
+            logger.error("meridian: host tier job %d pairs %d engine blocks with %d host chunks",
+                         job_id, len(block_ids), len(chunk_ids))
+            if not to_host:
+                self._failed_block_ids.update(block_ids)
+            self._finished.append(TransferResult(job_id=job_id, success=True))
             return True
         num_bytes = 0
         for group, (first, count) in enumerate(_group_spans(engine_spec.group_sizes)):
+            pairs = list(zip(block_ids[first:first + count], chunk_ids[first:first + count]))
             for t in self._tensors_of_group[group]:
-                engine, host = self._engine[t], self._host[t]
-                for block, chunk in zip(block_ids[first:first + count], chunk_ids[first:first + count]):
-                    if to_host:
-                        host[chunk].copy_(engine[block])
-                    else:
-                        engine[block].copy_(host[chunk])
-                num_bytes += count * engine.shape[1]
+                self._copy_rows(t, pairs, to_host=to_host)
+                num_bytes += count * self._engine[t].shape[1]
+        # A job is always reported complete (vLLM's offloading worker takes no failed jobs);
+        # blocks that did not arrive go through get_block_ids_with_load_errors instead.
         self._finished.append(TransferResult(job_id=job_id, success=True, transfer_size=num_bytes,
                                              transfer_time=time.perf_counter() - started))
         return True
+
+    def _copy_rows(self, tensor: int, pairs: list[tuple[int, int]], *, to_host: bool) -> None:
+        engine, host = self._engine[tensor], self._host[tensor]
+        for block, chunk in pairs:
+            try:
+                if to_host:
+                    host[chunk].copy_(engine[block])
+                    self._bad_chunks.discard(chunk)
+                elif chunk in self._bad_chunks:
+                    self._failed_block_ids.add(block)
+                else:
+                    engine[block].copy_(host[chunk])
+            except RuntimeError:
+                logger.exception("meridian: host tier copy of block %d %s chunk %d failed",
+                                 block, "to" if to_host else "from", chunk)
+                if to_host:  # the chunk holds nothing usable until it is stored again
+                    self._bad_chunks.add(chunk)
+                else:
+                    self._failed_block_ids.add(block)
 
 
 def _group_spans(group_sizes: Sequence[int]) -> list[tuple[int, int]]:

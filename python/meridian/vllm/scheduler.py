@@ -190,6 +190,9 @@ class MeridianScheduler(AsyncScheduler):
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> dict[int, EngineCoreOutputs]:
+        kv_output = model_runner_output.kv_connector_output
+        if kv_output is not None and kv_output.invalid_block_ids:
+            self._record_load_failures(kv_output.invalid_block_ids)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         started = time.perf_counter()
         now_ms = self.clock_ms()
@@ -260,6 +263,18 @@ class MeridianScheduler(AsyncScheduler):
                 logger.warning(
                     "meridian: answering request %s preempted while a thinking request ran", req_id
                 )
+
+    def _record_load_failures(self, invalid_block_ids: set[int]) -> None:
+        # vLLM truncates each affected request at its first failed block (before its blocks
+        # change hands in super().update_from_output); the core learns which requests they were.
+        for request in [*self.kv_holding_waiting, *self.running]:
+            handle = getattr(request, HANDLE_ATTR, None)
+            if handle is None:
+                continue
+            failed = sum(len(invalid_block_ids.intersection(group))
+                         for group in self.kv_cache_manager.get_block_ids(request.request_id))
+            if failed:
+                self.meridian.on_kv_load_failure(handle, failed)
 
     def _record_tokens(self, now_ms: float, batches: Iterable[EngineCoreOutputs]) -> None:
         handles: list[int] = []

@@ -32,8 +32,12 @@ impl Meridian {
             self.last_step_shape.unwrap_or(StepShape { num_decode_requests: 1, ..StepShape::default() });
         let step_ms = self.step_model.predict_ms(shape);
         let prefill_ms_per_token = self.step_model.coefficients().per_prefill_token_ms;
-        let plan = self.kv_tiers.plan(spans, step_ms, prefill_ms_per_token)?;
-        self.get_mut(handle)?.offered_restore_tokens = Some(plan.num_offered_tokens);
+        let mut plan = self.kv_tiers.plan(spans, step_ms, prefill_ms_per_token)?;
+        let request = self.get_mut(handle)?;
+        if request.kv_load_failed {
+            plan = RestorePlan { num_restore_tokens: 0, cost_ms: plan.recompute_ms, ..plan };
+        }
+        request.offered_restore_tokens = Some(plan.num_offered_tokens);
         Ok(plan)
     }
 
@@ -46,10 +50,13 @@ impl Meridian {
         Ok(())
     }
 
-    /// A load for the request failed; vLLM recomputes what it should have brought.
-    pub fn on_kv_load_failure(&mut self, handle: ReqHandle) -> Result<()> {
-        self.get(handle)?;
-        self.kv_tiers.on_load_failure();
+    /// Loads of `num_blocks` of the request's blocks failed (vLLM's `invalid_block_ids`); vLLM
+    /// recomputes them or fails the request, per its `kv_load_failure_policy`. From now on the
+    /// request recomputes whatever a tier offers it: a tier that failed once may hold the same
+    /// bad copy at the next lookup, and loading it again would fail again.
+    pub fn on_kv_load_failure(&mut self, handle: ReqHandle, num_blocks: u64) -> Result<()> {
+        self.get_mut(handle)?.kv_load_failed = true;
+        self.kv_tiers.on_load_failure(num_blocks);
         Ok(())
     }
 
@@ -117,6 +124,20 @@ mod tests {
     }
 
     #[test]
+    fn after_a_failed_load_the_request_recomputes() {
+        let mut core = core(STATED);
+        let host = core.add_kv_tier("host").unwrap();
+        let a = add(&mut core, "a");
+        let hit = [TierSpan { tier: host, num_tokens: 512 }];
+        assert_eq!(core.plan_restore(a, &hit).unwrap().num_restore_tokens, 512);
+        core.on_kv_allocated(a, 512).unwrap();
+        core.on_kv_load_failure(a, 2).unwrap();
+        let again = core.plan_restore(a, &hit).unwrap();
+        assert_eq!((again.num_restore_tokens, again.cost_ms), (0, again.recompute_ms));
+        assert_eq!(core.kv_tier_counters().num_failed_load_blocks, 2);
+    }
+
+    #[test]
     fn unknown_requests_and_tiers_are_errors() {
         let mut core = core("{}");
         let a = add(&mut core, "a");
@@ -124,6 +145,6 @@ mod tests {
             .plan_restore(a, &[TierSpan { tier: crate::kv_tier::TierId(0), num_tokens: 16 }])
             .is_err());
         assert!(core.plan_restore(crate::ReqHandle(99), &[]).is_err());
-        assert!(core.on_kv_load_failure(crate::ReqHandle(99)).is_err());
+        assert!(core.on_kv_load_failure(crate::ReqHandle(99), 1).is_err());
     }
 }
