@@ -221,6 +221,28 @@ def test_failed_loads_are_recomputed_and_nothing_is_lost(random_model: Path, cou
         assert seen["num_failed_load_blocks"] > 0, seen
 
 
+def test_the_disk_tier_serves_a_fresh_engine_after_a_restart(random_model: Path, counted: Counts, tmp_path: Path) -> None:
+    """vLLM's tiering spec with its file-system secondary tier, on the host-copy worker: a first
+    engine stores its prompts' blocks through the host tier to disk and exits; a second engine
+    (a new host tier, empty) loads them back from disk on its first requests, and its tokens are
+    those of an engine that computed everything."""
+    import os
+
+    config = tier_config(64 * 1024 * 1024)
+    config["kv_connector_extra_config"].update(
+        spec_name="HostCopyTieringSpec",
+        secondary_tiers=[{"type": "fs", "root_dir": str(tmp_path / "kv"), "n_read_threads": 1, "n_write_threads": 1}])
+    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None)
+    first = generate(random_model, kv_cache_blocks=64, kv_transfer_config=config)
+    assert counted.stores > 0 and counted.loads == 0 and first == roomy
+    stored = [p for p in (tmp_path / "kv").rglob("*.bin")]
+    assert stored, "the fs tier wrote nothing"
+    assert not [name for name in os.listdir("/dev/shm") if name.startswith("vllm_offload_")], "shared region leaked"
+    second = generate(random_model, kv_cache_blocks=64, kv_transfer_config=config)
+    assert counted.loads > 0, vars(counted)
+    assert second == roomy
+
+
 def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random_model: Path, counted: Counts) -> None:
     """Thinking requests stored block by block (so a preempted one restores); when each finishes,
     the core's never-reusable token marks it and the tier's policy demotes those blocks."""

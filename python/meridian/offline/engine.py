@@ -358,6 +358,9 @@ class EngineRun:
     num_tier_loads: int = 0
     num_tier_loaded_tokens: int = 0
     num_restored_resumes: int = 0
+    #: A Meridian scheduler's restore-or-recompute counters at the end of the run (its core's
+    #: ``kv_tier_counters``); None for other schedulers.
+    restore_counters: dict[str, int] | None = None
 
     @property
     def reports(self) -> list[FinishedRequest]:
@@ -433,6 +436,9 @@ class OfflineEngine:
             self._step()
         self.result.clock_ms = self.now_ms
         self.result.final_num_free_blocks = block_pool.get_num_free_blocks()
+        core = getattr(self.scheduler, "meridian", None)
+        if isinstance(core, Meridian):
+            self.result.restore_counters = core.kv_tier_counters()
         return self.result
 
     def _step(self) -> None:

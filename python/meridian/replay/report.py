@@ -52,7 +52,7 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         device_utilization=run.device_busy_ms / max(run.clock_ms, 1e-9),
         answer_preemption_alarms=run.num_answer_preemption_alarms,
         kv_tier={"loads": run.num_tier_loads, "loaded_tokens": run.num_tier_loaded_tokens,
-                 "restored_resumes": run.num_restored_resumes},
+                 "restored_resumes": run.num_restored_resumes, "restore_plans": run.restore_counters},
     )
     return summary
 

@@ -55,7 +55,9 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
@@ -69,26 +71,60 @@ logger = logging.getLogger("meridian")
 MAX_TRACKED_CONTEXTS = 65536
 
 
+def _apply_meridian_defaults(spec: CPUOffloadingSpec) -> None:
+    """What both host-copy specs set up: Meridian's eviction order unless the operator named one,
+    and the one-block chunks the host-copy worker pairs."""
+    if "eviction_policy" not in spec.extra_config:
+        spec.eviction_policy = NeverReusableFirstLRU.__name__
+        spec.cache_policy_module_path = __name__
+    if spec.blocks_per_chunk != 1:
+        raise ValueError(
+            f"{type(spec).__name__} stores one engine block per offload chunk; "
+            f"blocks_per_chunk is {spec.blocks_per_chunk} (set the offload block size to the engine's block size)"
+        )
+
+
+def _runs_vllm_worker() -> bool:
+    """Whether vLLM's own device worker (CUDA streams and events) runs on this platform."""
+    return bool(current_platform.is_cuda_alike() or current_platform.is_xpu())
+
+
 class HostCopyOffloadingSpec(CPUOffloadingSpec):
     """vLLM's CPU offloading spec with a worker for engines whose KV lives in host memory."""
 
     def __init__(self, config: OffloadingConfig):
         super().__init__(config)
         self._host_worker: HostCopyWorker | None = None
-        if "eviction_policy" not in self.extra_config:
-            self.eviction_policy = NeverReusableFirstLRU.__name__
-            self.cache_policy_module_path = __name__
-        if self.blocks_per_chunk != 1:
-            raise ValueError(
-                f"HostCopyOffloadingSpec stores one engine block per offload chunk; "
-                f"blocks_per_chunk is {self.blocks_per_chunk} (set the offload block size to the engine's block size)"
-            )
+        _apply_meridian_defaults(self)
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if current_platform.is_cuda_alike() or current_platform.is_xpu():
+        if _runs_vllm_worker():
             return super().get_worker(kv_caches)
         if self._host_worker is None:
             self._host_worker = HostCopyWorker(kv_caches, self.num_chunks)
+        return self._host_worker
+
+
+class HostCopyTieringSpec(TieringOffloadingSpec):
+    """vLLM's tiering spec (a host primary tier and secondary tiers such as ``fs``, a prefix
+    cache on disk that survives a restart) with the host-copy worker. The secondary tiers read
+    and write the primary tier's shared memory region, so the worker's host pool is that region
+    (one view per KV tensor, as vLLM's own worker lays it out), released at shutdown."""
+
+    def __init__(self, config: OffloadingConfig):
+        super().__init__(config)
+        self._host_worker: HostCopyWorker | None = None
+        _apply_meridian_defaults(self)
+
+    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
+        if _runs_vllm_worker():
+            return super().get_worker(kv_caches)
+        if self._host_worker is None:
+            rank = 0 if self.replicated_layout else self.config.parallel.rank
+            region = SharedOffloadRegion(engine_id=self._engine_id, num_chunks=self.num_chunks, rank=rank,
+                                         kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+                                         cpu_page_size=self.cpu_page_size_per_worker)
+            self._host_worker = HostCopyWorker(kv_caches, self.num_chunks, region)
         return self._host_worker
 
 
@@ -109,9 +145,11 @@ class HostCopyWorker(OffloadingWorker):
     """Synchronous block copies, one row per (tensor, block): a per-row ``copy_`` runs at memory
     speed where advanced indexing (``dst[idx] = src[idx]``) was measured 10× slower."""
 
-    def __init__(self, kv_caches: CanonicalKVCaches, num_chunks: int):
+    def __init__(self, kv_caches: CanonicalKVCaches, num_chunks: int, region: SharedOffloadRegion | None = None):
         self._engine = [t.tensor.view(torch.int8).view(-1, t.page_size_bytes) for t in kv_caches.tensors]
-        self._host = [torch.zeros((num_chunks, t.page_size_bytes), dtype=torch.int8) for t in kv_caches.tensors]
+        self._region = region
+        self._host = [torch.zeros((num_chunks, t.page_size_bytes), dtype=torch.int8) if region is None
+                      else region.create_next_worker_view(t.page_size_bytes) for t in kv_caches.tensors]
         # Several groups (or layers) may alias one tensor: copy each tensor once per block.
         self._tensors_of_group = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
         self._finished: list[TransferResult] = []
@@ -130,6 +168,12 @@ class HostCopyWorker(OffloadingWorker):
 
     def wait(self, job_ids: set[int]) -> None:
         return None
+
+    def shutdown(self) -> None:
+        self._host = []
+        if self._region is not None:
+            self._region.cleanup()  # the creator also unlinks its /dev/shm file
+            self._region = None
 
     def take_failed_block_ids(self) -> set[int]:
         """Engine blocks whose loads failed since the last call (their bytes never arrived)."""
