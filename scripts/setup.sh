@@ -35,6 +35,24 @@ if [ ! -f "$STAMP" ] || [ scripts/requirements.txt -nt "$STAMP" ]; then
   touch "$STAMP"
 fi
 
+# Mooncake's transfer engine and master link against libibverbs (RDMA verbs; loopback TCP needs
+# only the library). Where the system lacks it, unpack Debian's packages into $VENV/sysroot (no
+# root needed); the tests put that folder on LD_LIBRARY_PATH.
+SYSROOT="$VENV/sysroot"
+if ! /sbin/ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1 ' && [ ! -f "$SYSROOT/.done" ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    log "fetching libibverbs1 and its dependencies from Debian into $SYSROOT"
+    APT=(-qq -o "Dir::State::Lists=$PWD/$SYSROOT/apt/lists" -o "Dir::Cache=$PWD/$SYSROOT/apt/cache")
+    mkdir -p "$SYSROOT/apt/lists/partial" "$SYSROOT/apt/cache/archives/partial" "$SYSROOT/debs"
+    apt-get "${APT[@]}" update >/dev/null 2>&1 || log "apt-get update failed; trying the cached lists"
+    (cd "$SYSROOT/debs" && apt-get "${APT[@]}" download libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 2>/dev/null)
+    for deb in "$SYSROOT"/debs/*.deb; do dpkg -x "$deb" "$SYSROOT/root"; done
+    touch "$SYSROOT/.done"
+  else
+    log "libibverbs.so.1 is missing and apt-get is not available: the Mooncake tests will fail (install libibverbs1)"
+  fi
+fi
+
 log "building the meridian wheel (maturin, release)"
 rm -rf build/wheels
 "$VENV/bin/maturin" build --quiet --release --out build/wheels >/dev/null

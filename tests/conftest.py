@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from meridian.offline.engine import offline_environment
-from meridian.offline.tiny import tiny_model_dir
+from meridian.offline.tiny import tiny_model_dir, write_random_model
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE_DIR = REPO / ".cache"
@@ -44,3 +44,10 @@ def cache_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(cache_dir: Path) -> Path:
     return tiny_model_dir(cache_dir)
+
+
+@pytest.fixture(scope="session")
+def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A seeded random-weights Qwen3 whose output depends on its KV (the trained fixtures ignore
+    theirs): for tests that must tell restored KV from recomputed or corrupted KV."""
+    return write_random_model(tmp_path_factory.mktemp("models") / "random-qwen3", seed=0)

@@ -1,5 +1,6 @@
 """Live: ``vllm serve`` (CPU build, default process layout: the spec loads in the model worker)
-with vLLM's OffloadingConnector on Meridian's host-copy spec, under KV pressure, with stock
+with vLLM's OffloadingConnector (as Meridian's subclass that reports failed loads) on Meridian's
+host-copy spec, as the README configures it, under KV pressure, with stock
 vLLM's scheduler and with ``MeridianScheduler``: every request of a burst completes with the
 right countdown and answer, vLLM's own ``/metrics`` shows blocks stored to the host tier, and
 when the burst was preempted, blocks loaded back from it."""
@@ -20,7 +21,9 @@ from meridian.offline.tiny import LETTERS, task_prompt
 pytestmark = pytest.mark.vllm
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
-TIER = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+#: The README's --kv-transfer-config, with a 16 MiB tier.
+TIER = {"kv_connector": "MeridianOffloadingConnector", "kv_connector_module_path": "meridian.vllm.kvtier",
+        "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"spec_name": "HostCopyOffloadingSpec", "spec_module_path": "meridian.vllm.kvtier",
                                       "cpu_bytes_to_use": 16 * 1024 * 1024, "offload_prompt_only": False}}
 # 1 KiB of KV per token (see test_server.py): 320 tokens, so a burst of 12 is preempted.

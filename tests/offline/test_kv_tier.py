@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from meridian.offline.tiny import THINK_START, write_random_model
+from meridian.offline.tiny import THINK_START
 
 pytestmark = pytest.mark.vllm
 
@@ -32,11 +32,6 @@ def tier_config(cpu_bytes: int, connector: str = "OffloadingConnector") -> dict[
     if connector != "OffloadingConnector":
         config.update(kv_connector_module_path="meridian.vllm.kvtier", kv_load_failure_policy="recompute")
     return config
-
-
-@pytest.fixture(scope="module")
-def random_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_random_model(tmp_path_factory.mktemp("models") / "random-qwen3", seed=0)
 
 
 #: Meridian's configuration for a restore test: load every hit, as vLLM does (the cost model's

@@ -1,9 +1,12 @@
 //! The KV tiers beyond the device: the fitted cost of loading KV back from each tier, the
 //! restore-or-recompute choice for a request whose prefix a tier holds, and the counts of both.
-//! The model, in engine milliseconds like the step-time model: restoring `k` tokens costs one
-//! extra engine step (vLLM loads asynchronously and schedules the request the step after: the
-//! recent mean step) plus `k · load_ms_per_token` of the tier they come from; recomputing them
-//! costs `k · per_prefill_token_ms` of the step-time model. Both are linear between the
+//! The model, in milliseconds of delay summed over the requests it delays: restoring `k` tokens
+//! costs the request one extra engine step (vLLM loads asynchronously and schedules it the step
+//! after) plus `k · load_ms_per_token` of the tier they come from for every request in the batch
+//! (charged as if the copy held the step up, which a synchronous host copy does and a GPU's copy
+//! engine mostly does not); recomputing them costs `k · per_prefill_token_ms` of the step-time
+//! model for every request in the batch, whose steps the recompute lengthens. Alone on the
+//! engine a short hit is recomputed; in a busy batch almost any hit is loaded. Both are linear between the
 //! boundaries of the tiers a hit spans, so the cheapest cut lies on a boundary: a partial restore
 //! happens exactly when a hit's tail sits in a tier slower than recompute, and a short hit is
 //! recomputed when the extra step costs more than its compute. Invariant: a plan restores a
@@ -149,15 +152,23 @@ impl KvTiers {
 
     /// Chooses how much of a hit to load. `step_ms` is the cost of the extra step a load takes
     /// and `prefill_ms_per_token` the cost of recomputing a token (both from the step-time
-    /// model). An empty hit, or spans of no tokens, plan nothing.
-    pub fn plan(&self, spans: &[TierSpan], step_ms: f64, prefill_ms_per_token: f64) -> Result<RestorePlan> {
+    /// model); `num_batch_requests` (at least 1) is how many requests a longer step delays. An
+    /// empty hit, or spans of no tokens, plan nothing.
+    pub fn plan(
+        &self,
+        spans: &[TierSpan],
+        step_ms: f64,
+        prefill_ms_per_token: f64,
+        num_batch_requests: u32,
+    ) -> Result<RestorePlan> {
         for span in spans {
             self.tier(span.tier)?;
         }
         let offered: u64 = spans.iter().map(|s| u64::from(s.num_tokens)).sum();
         let num_offered_tokens = u32::try_from(offered)
             .map_err(|_| Error::argument("spans", offered, "a hit cannot exceed 2^32 - 1 tokens"))?;
-        let recompute_ms = f64::from(num_offered_tokens) * prefill_ms_per_token;
+        let batch = f64::from(num_batch_requests.max(1));
+        let recompute_ms = f64::from(num_offered_tokens) * prefill_ms_per_token * batch;
         let mut best =
             RestorePlan { num_restore_tokens: 0, num_offered_tokens, cost_ms: recompute_ms, recompute_ms };
         if self.config.restore == RestoreMode::Never || num_offered_tokens == 0 {
@@ -167,8 +178,8 @@ impl KvTiers {
         let mut load_ms = 0.0;
         for span in spans.iter().filter(|s| s.num_tokens > 0) {
             restored += span.num_tokens;
-            load_ms += f64::from(span.num_tokens) * self.tiers[span.tier.index()].load_ms_per_token();
-            let rest_ms = f64::from(num_offered_tokens - restored) * prefill_ms_per_token;
+            load_ms += f64::from(span.num_tokens) * self.tiers[span.tier.index()].load_ms_per_token() * batch;
+            let rest_ms = f64::from(num_offered_tokens - restored) * prefill_ms_per_token * batch;
             let cost_ms = step_ms + load_ms + rest_ms;
             // `Always` is vLLM's own behaviour: load whatever the tiers hold.
             if self.config.restore == RestoreMode::Always || cost_ms < best.cost_ms {
@@ -245,22 +256,22 @@ mod tests {
         // Recompute 0.1 ms/token, load 0.02 ms/token, one step 8 ms: restore pays from
         // 8 / (0.1 - 0.02) = 100 tokens on.
         let (t, ids) = tiers(RestoreMode::Auto, &[0.02]);
-        let short = t.plan(&[span(ids[0], 96)], 8.0, 0.1).unwrap();
+        let short = t.plan(&[span(ids[0], 96)], 8.0, 0.1, 1).unwrap();
         assert_eq!(short.num_restore_tokens, 0);
         assert!((short.cost_ms - 9.6).abs() < 1e-9);
-        let long = t.plan(&[span(ids[0], 112)], 8.0, 0.1).unwrap();
+        let long = t.plan(&[span(ids[0], 112)], 8.0, 0.1, 1).unwrap();
         assert_eq!(long.num_restore_tokens, 112);
         assert!((long.cost_ms - (8.0 + 112.0 * 0.02)).abs() < 1e-9);
         assert!((long.recompute_ms - 11.2).abs() < 1e-9);
         // At GPU speeds the same hit is recomputed: a 0.028 ms/token prefill against a slow link.
         let (slow, ids) = tiers(RestoreMode::Auto, &[0.05]);
-        assert_eq!(slow.plan(&[span(ids[0], 4096)], 6.0, 0.028).unwrap().num_restore_tokens, 0);
+        assert_eq!(slow.plan(&[span(ids[0], 4096)], 6.0, 0.028, 1).unwrap().num_restore_tokens, 0);
     }
 
     #[test]
     fn a_tail_in_a_slower_tier_than_recompute_is_recomputed() {
         let (t, ids) = tiers(RestoreMode::Auto, &[0.01, 0.5]);
-        let plan = t.plan(&[span(ids[0], 512), span(ids[1], 256)], 5.0, 0.1).unwrap();
+        let plan = t.plan(&[span(ids[0], 512), span(ids[1], 256)], 5.0, 0.1, 1).unwrap();
         assert_eq!(plan.num_restore_tokens, 512);
         assert_eq!(plan.num_offered_tokens, 768);
         assert!((plan.cost_ms - (5.0 + 512.0 * 0.01 + 256.0 * 0.1)).abs() < 1e-9);
@@ -269,9 +280,9 @@ mod tests {
     #[test]
     fn modes_override_the_model() {
         let (never, ids) = tiers(RestoreMode::Never, &[0.0]);
-        assert_eq!(never.plan(&[span(ids[0], 4096)], 1.0, 1.0).unwrap().num_restore_tokens, 0);
+        assert_eq!(never.plan(&[span(ids[0], 4096)], 1.0, 1.0, 1).unwrap().num_restore_tokens, 0);
         let (always, ids) = tiers(RestoreMode::Always, &[10.0]);
-        assert_eq!(always.plan(&[span(ids[0], 16)], 1.0, 0.001).unwrap().num_restore_tokens, 16);
+        assert_eq!(always.plan(&[span(ids[0], 16)], 1.0, 0.001, 1).unwrap().num_restore_tokens, 16);
     }
 
     #[test]
@@ -290,7 +301,7 @@ mod tests {
         assert!((fitted - 0.01).abs() < 0.002, "{fitted}");
         assert!(t.on_load(id, 16, f64::NAN).is_err());
         assert!(t.on_load(TierId(3), 16, 1.0).is_err());
-        assert!(t.plan(&[span(TierId(9), 16)], 1.0, 1.0).is_err());
+        assert!(t.plan(&[span(TierId(9), 16)], 1.0, 1.0, 1).is_err());
     }
 
     #[test]
@@ -317,7 +328,7 @@ mod tests {
         ) {
             let (t, ids) = tiers(RestoreMode::Auto, &seeds);
             let spans: Vec<_> = spans.into_iter().map(|(tier, n)| span(ids[tier], n)).collect();
-            let plan = t.plan(&spans, step_ms, prefill).unwrap();
+            let plan = t.plan(&spans, step_ms, prefill, 1).unwrap();
             let total: u32 = spans.iter().map(|s| s.num_tokens).sum();
             prop_assert_eq!(plan.num_offered_tokens, total);
             let mut boundaries = vec![0u32];

@@ -71,61 +71,50 @@ logger = logging.getLogger("meridian")
 MAX_TRACKED_CONTEXTS = 65536
 
 
-def _apply_meridian_defaults(spec: CPUOffloadingSpec) -> None:
-    """What both host-copy specs set up: Meridian's eviction order unless the operator named one,
-    and the one-block chunks the host-copy worker pairs."""
-    if "eviction_policy" not in spec.extra_config:
-        spec.eviction_policy = NeverReusableFirstLRU.__name__
-        spec.cache_policy_module_path = __name__
-    if spec.blocks_per_chunk != 1:
-        raise ValueError(
-            f"{type(spec).__name__} stores one engine block per offload chunk; "
-            f"blocks_per_chunk is {spec.blocks_per_chunk} (set the offload block size to the engine's block size)"
-        )
-
-
-def _runs_vllm_worker() -> bool:
-    """Whether vLLM's own device worker (CUDA streams and events) runs on this platform."""
-    return bool(current_platform.is_cuda_alike() or current_platform.is_xpu())
-
-
-class HostCopyOffloadingSpec(CPUOffloadingSpec):
-    """vLLM's CPU offloading spec with a worker for engines whose KV lives in host memory."""
+class _HostCopySpec(CPUOffloadingSpec):
+    """What both host-copy specs share: Meridian's eviction order unless the operator named one,
+    the one-block chunks the host-copy worker pairs, and vLLM's own worker where its device
+    streams exist (CUDA, XPU)."""
 
     def __init__(self, config: OffloadingConfig):
         super().__init__(config)
         self._host_worker: HostCopyWorker | None = None
-        _apply_meridian_defaults(self)
+        if "eviction_policy" not in self.extra_config:
+            self.eviction_policy = NeverReusableFirstLRU.__name__
+            self.cache_policy_module_path = __name__
+        if self.blocks_per_chunk != 1:
+            raise ValueError(
+                f"{type(self).__name__} stores one engine block per offload chunk; blocks_per_chunk is "
+                f"{self.blocks_per_chunk} (set the offload block size to the engine's block size)"
+            )
 
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if _runs_vllm_worker():
+        if current_platform.is_cuda_alike() or current_platform.is_xpu():
             return super().get_worker(kv_caches)
         if self._host_worker is None:
-            self._host_worker = HostCopyWorker(kv_caches, self.num_chunks)
+            self._host_worker = HostCopyWorker(kv_caches, self.num_chunks, self._host_region())
         return self._host_worker
 
+    def _host_region(self) -> SharedOffloadRegion | None:
+        """The shared memory the host pool lives in; None: a private tensor per KV tensor."""
+        return None
 
-class HostCopyTieringSpec(TieringOffloadingSpec):
+
+class HostCopyOffloadingSpec(_HostCopySpec):
+    """vLLM's CPU offloading spec with a worker for engines whose KV lives in host memory."""
+
+
+class HostCopyTieringSpec(_HostCopySpec, TieringOffloadingSpec):
     """vLLM's tiering spec (a host primary tier and secondary tiers such as ``fs``, a prefix
     cache on disk that survives a restart) with the host-copy worker. The secondary tiers read
     and write the primary tier's shared memory region, so the worker's host pool is that region
     (one view per KV tensor, as vLLM's own worker lays it out), released at shutdown."""
 
-    def __init__(self, config: OffloadingConfig):
-        super().__init__(config)
-        self._host_worker: HostCopyWorker | None = None
-        _apply_meridian_defaults(self)
-
-    def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
-        if _runs_vllm_worker():
-            return super().get_worker(kv_caches)
-        if self._host_worker is None:
-            rank = 0 if self.replicated_layout else self.config.parallel.rank
-            region = SharedOffloadRegion(engine_id=self._engine_id, num_chunks=self.num_chunks, rank=rank,
-                                         kv_bytes_per_chunk=self.kv_bytes_per_chunk,
-                                         cpu_page_size=self.cpu_page_size_per_worker)
-            self._host_worker = HostCopyWorker(kv_caches, self.num_chunks, region)
-        return self._host_worker
+    def _host_region(self) -> SharedOffloadRegion | None:
+        rank = 0 if self.replicated_layout else self.config.parallel.rank
+        return SharedOffloadRegion(engine_id=self._engine_id, num_chunks=self.num_chunks, rank=rank,
+                                   kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+                                   cpu_page_size=self.cpu_page_size_per_worker)
 
 
 class MeridianOffloadingConnector(OffloadingConnector):

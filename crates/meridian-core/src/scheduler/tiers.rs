@@ -24,15 +24,16 @@ impl Meridian {
     /// How much of a tier hit (`spans`, in prefix order after the device's own hit) the request
     /// should load; the rest is recomputed. Both costs come from the step-time model: the extra
     /// step a load takes is priced as one more step shaped like the last one measured (before
-    /// any, a one-decode step), a recomputed token at `per_prefill_token_ms`. The offer is
-    /// remembered until [`Self::on_kv_allocated`].
+    /// any, a one-decode step), a recomputed token at `per_prefill_token_ms` for each request
+    /// that step decoded (the batch a longer step delays). The offer is remembered until
+    /// [`Self::on_kv_allocated`].
     pub fn plan_restore(&mut self, handle: ReqHandle, spans: &[TierSpan]) -> Result<RestorePlan> {
         self.get(handle)?;
         let shape =
             self.last_step_shape.unwrap_or(StepShape { num_decode_requests: 1, ..StepShape::default() });
         let step_ms = self.step_model.predict_ms(shape);
         let prefill_ms_per_token = self.step_model.coefficients().per_prefill_token_ms;
-        let mut plan = self.kv_tiers.plan(spans, step_ms, prefill_ms_per_token)?;
+        let mut plan = self.kv_tiers.plan(spans, step_ms, prefill_ms_per_token, shape.num_decode_requests)?;
         let request = self.get_mut(handle)?;
         if request.kv_load_failed {
             plan = RestorePlan { num_restore_tokens: 0, cost_ms: plan.recompute_ms, ..plan };
