@@ -724,6 +724,21 @@ mod tests {
     }
 
     #[test]
+    fn kv_tier_errors_name_the_key() {
+        let config = Config::from_json(r#"{"kv_tier": {"restore": "never"}}"#).unwrap();
+        assert_eq!(config.kv_tier.restore, RestoreMode::Never);
+        assert_eq!(config.kv_tier.load_ms_per_token, KvTierConfig::default().load_ms_per_token);
+        for (text, key) in [
+            (r#"{"kv_tier": {"restore": "sometimes"}}"#, "kv_tier.restore"),
+            (r#"{"kv_tier": {"load_ms_per_token": -1}}"#, "kv_tier.load_ms_per_token"),
+            (r#"{"kv_tier": {"bandwidth": 1}}"#, "kv_tier"),
+        ] {
+            let msg = Config::from_json(text).unwrap_err().to_string();
+            assert!(msg.contains(&format!("`{key}")), "{msg}");
+        }
+    }
+
+    #[test]
     fn explicit_tool_call_markers_must_each_be_one_token() {
         let config = Config::from_json(r#"{"tool_call_markers": ["<tool_call>", "<tool>"]}"#).unwrap();
         assert!(config.tool_call_markers_explicit);

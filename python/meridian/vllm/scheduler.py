@@ -122,7 +122,8 @@ class MeridianScheduler(AsyncScheduler):
         self._bus = SchedulerEndpoint() if processor_configured(self.vllm_config) else None
         self._install_queues()
         #: Meridian's eviction order on an OffloadingConnector's tier, when one is configured.
-        self.kv_tier = TierHooks.install(self.connector, CoreRestorePolicy(self.meridian), self.kv_cache_config)
+        self.kv_tier = (None if self.connector is None else
+                        TierHooks.install(self.connector, CoreRestorePolicy(self.meridian), self.kv_cache_config))
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 
