@@ -3,7 +3,9 @@
 and stores their blocks in its segment of the store, engine B — another process, its own KV cache
 empty — gets them from A's segment over Mooncake's TCP transfer engine instead of computing them,
 and its greedy tokens are A's. Engine B runs ``MeridianScheduler``: Meridian's scheduler keeps
-vLLM's connectors working."""
+vLLM's connectors working. Then the store behind Meridian's host tier, both parts of vLLM's
+``MultiConnector``: engine B gets its prompts from A's segment and, short of KV, its preempted
+thinking requests back from the host tier (the core counts the restores), A's tokens still."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,12 +85,14 @@ def mooncake_store(tmp_path: Path) -> Iterator[dict[str, str]]:
     assert process.returncode is not None
 
 
-def test_engine_b_gets_engine_a_s_prefixes_from_the_store(random_model: Path, mooncake_store: dict[str, str],
-                                                          tmp_path: Path) -> None:
+def run_engines(model: Path, env: dict[str, str], tmp_path: Path, args_a: Sequence[str] = (),
+                args_b: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Engine A stores the seeded prompts and stays up; engine B, another process, runs them
+    while A's segment is in the store. Each engine's JSON (``mooncake_engine.py``)."""
     done, out_a, out_b = tmp_path / "done", tmp_path / "a.json", tmp_path / "b.json"
     with (tmp_path / "a.log").open("wb") as log_a, (tmp_path / "b.log").open("wb") as log_b:
-        engine_a = subprocess.Popen([sys.executable, str(ENGINE), str(random_model), str(out_a), "--wait-for", str(done)],
-                                    env=mooncake_store, stdout=log_a, stderr=subprocess.STDOUT)
+        engine_a = subprocess.Popen([sys.executable, str(ENGINE), str(model), str(out_a), "--wait-for", str(done),
+                                     *args_a], env=env, stdout=log_a, stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + 300
             while not out_a.exists():
@@ -95,14 +100,42 @@ def test_engine_b_gets_engine_a_s_prefixes_from_the_store(random_model: Path, mo
                 assert time.monotonic() < deadline, "engine A did not finish its prompts"
                 time.sleep(0.5)
             # A's segment stays in the store while A lives: B reads from it now.
-            subprocess.run([sys.executable, str(ENGINE), str(random_model), str(out_b),
-                            "--scheduler-cls", "meridian.vllm.MeridianScheduler"],
-                           env=mooncake_store, stdout=log_b, stderr=subprocess.STDOUT, timeout=300, check=True)
+            engine_b = subprocess.run([sys.executable, str(ENGINE), str(model), str(out_b), *args_b],
+                                      env=env, stdout=log_b, stderr=subprocess.STDOUT, timeout=300)
+            assert engine_b.returncode == 0, (tmp_path / "b.log").read_text()[-3000:]
         finally:
             done.touch()
             engine_a.wait(timeout=60)
-    a, b = json.loads(out_a.read_text()), json.loads(out_b.read_text())
+    return json.loads(out_a.read_text()), json.loads(out_b.read_text())
+
+
+def test_engine_b_gets_engine_a_s_prefixes_from_the_store(random_model: Path, mooncake_store: dict[str, str],
+                                                          tmp_path: Path) -> None:
+    a, b = run_engines(random_model, mooncake_store, tmp_path,
+                       args_b=["--scheduler-cls", "meridian.vllm.MeridianScheduler"])
     assert a["num_cached_tokens"] == [0, 0, 0]
     # Every full block of each 200-token prompt (6 of 32 tokens) came from A's segment.
     assert b["num_cached_tokens"] == [192, 192, 192], b
+    assert b["tokens"] == a["tokens"]
+
+
+def test_the_host_tier_in_front_of_the_store_restores_preemptions(random_model: Path, mooncake_store: dict[str, str],
+                                                                  tmp_path: Path) -> None:
+    """vLLM's MultiConnector with Meridian's host tier first and the store second, on engine B:
+    its prompts come from A's segment in the store and, under KV pressure (16 usable blocks, vLLM
+    keeps one, for three thinking requests of up to 10 blocks each), its preempted requests come
+    back from the host tier, the core counting the restores; its greedy tokens are those of A,
+    which had room for all."""
+    reasoning = ["--reasoning", "--max-tokens", "100"]
+    a, b = run_engines(random_model, mooncake_store, tmp_path, args_a=[*reasoning, "--kv-cache-blocks", "64"],
+                       args_b=[*reasoning, "--kv-cache-blocks", "17", "--host-tier",
+                               "--scheduler-cls", "meridian.vllm.MeridianScheduler",
+                               "--meridian", json.dumps({"kv_tier": {"restore": "always"}})])
+    assert a["num_cached_tokens"] == [0, 0, 0]
+    # The host tier was empty when each prompt first arrived: the store answered, with every full
+    # block of the 201-token prompt.
+    assert b["num_cached_tokens"] == [192, 192, 192], b
+    assert b["kv_tier_installed"], b
+    # The core counts through hooks on the host tier part alone: these restores are the host tier's.
+    assert b["num_preemptions"] > 0 and b["kv_tier_counters"]["num_restores"] > 0, b
     assert b["tokens"] == a["tokens"]
