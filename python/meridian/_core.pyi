@@ -100,6 +100,9 @@ class StepPlan:
     def preempt(self) -> list[int]:
         """Indices into ``running`` to preempt before vLLM schedules (preemption on arrival),
         ascending; ``num_admissible`` already counts the room they free."""
+    @property
+    def prefetch(self) -> list[int]:
+        """Indices into ``waiting`` whose prefixes to look up in a staged KV tier now (prefetch)."""
 
 @final
 class FinishedRequest:
@@ -213,14 +216,30 @@ class Meridian:
         """TTFAT attainment of each class's recent completions (classes with none are absent)."""
     def step_time_coefficients(self) -> tuple[float, float, float, float]:
         """``(base_ms, per_prefill_token_ms, per_decode_request_ms, per_context_token_ms)``."""
-    def add_kv_tier(self, name: str) -> int:
-        """Registers a KV tier by the connector's name for it; the same name gives the same id."""
+    def add_kv_tier(self, name: str, staged: bool = False) -> int:
+        """Registers a KV tier by the connector's name for it; the same name gives the same id.
+        ``staged``: slower tiers sit behind it, so the plans prefetch."""
     def on_kv_load(self, tier: int, num_tokens: int, duration_ms: float) -> None:
         """Folds a finished load into the tier's fitted cost."""
     def plan_restore(self, handle: int, tiers: list[int], num_tokens: list[int]) -> RestorePlan:
         """How much of a tier hit to load; ``tiers[i]`` holds the next ``num_tokens[i]`` tokens."""
     def on_kv_allocated(self, handle: int, num_loaded_tokens: int) -> None:
         """vLLM allocated the request with ``num_loaded_tokens`` from a tier: counts the last offer."""
+    def on_kv_stored_batch(self, tier: int, handles: list[int], num_tokens: list[int]) -> None:
+        """A tier holds the first ``num_tokens[i]`` tokens of request ``handles[i]``'s KV (0 forgets it)."""
+    def set_block_hashes(self, handle: int, block_hashes: bytes, hash_size: int) -> None:
+        """The block hashes of a request's prompt, back to back, ``hash_size`` bytes each."""
+    def wants_block_events(self) -> bool:
+        """Whether prefix-aware admission wants the device cache's and the tiers' block events."""
+    def on_block_events(self, tier: int | None, ops: bytes, block_hashes: bytes, hash_size: int) -> None:
+        """Block events of one medium (``tier`` None: the device cache), in order: ``ops[i]`` is 1
+        (stored) or 0 (removed), each taking the next hash, or 2 (everything cleared)."""
+    def cached_prefix(self, handle: int) -> tuple[int, int, int]:
+        """``(device blocks, tier blocks, tier)`` of a live request's prompt found cached."""
+    def on_prefetched(self, handles: list[int]) -> None:
+        """These requests' prefixes are as ready as the tiers can make them: no more prefetch."""
+    def num_stored_tokens(self, handle: int) -> int:
+        """Tokens of the request's KV a tier holds, as far as the core knows (0 after a failed load)."""
     def on_kv_load_failure(self, handle: int, num_blocks: int) -> None:
         """Loads of ``num_blocks`` of the request's KV blocks failed; it recomputes from now on."""
     def kv_load_ms_per_token(self, tier: int) -> float:

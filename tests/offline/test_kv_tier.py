@@ -39,23 +39,28 @@ def tier_config(cpu_bytes: int, connector: str = "OffloadingConnector") -> dict[
 ALWAYS_RESTORE = {"kv_tier": {"restore": "always"}}
 
 
+def prompts(reasoning: bool = False) -> list[dict[str, list[int]]]:
+    """The seeded prompts (``reasoning``: each ends with ``<think>``, so the request thinks until
+    it stops)."""
+    rng = random.Random(3)
+    tail = [THINK_START] if reasoning else []
+    return [{"prompt_token_ids": [rng.randrange(8, 60) for _ in range(PROMPT_TOKENS)] + tail}
+            for _ in range(NUM_PROMPTS)]
+
+
 def generate(model: Path, *, kv_cache_blocks: int, kv_transfer_config: dict[str, Any] | None,
              scheduler_cls: str | None = None, meridian: dict[str, Any] | None = None, reasoning: bool = False,
-             inspect: Callable[[Any], None] = lambda scheduler: None) -> list[list[int]]:
+             inspect: Callable[[Any], None] = lambda scheduler: None, max_num_seqs: int = 8) -> list[list[int]]:
     """Greedy outputs of the seeded prompts (``reasoning``: each ends with ``<think>``, so the
     request thinks until it stops); ``inspect`` sees the engine's scheduler before it closes."""
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=str(model), dtype="float32", enforce_eager=True, max_model_len=256, block_size=BLOCK_TOKENS,
-              kv_cache_memory_bytes=kv_cache_blocks * BLOCK_TOKENS * KV_BYTES_PER_TOKEN, seed=0, max_num_seqs=8,
+              kv_cache_memory_bytes=kv_cache_blocks * BLOCK_TOKENS * KV_BYTES_PER_TOKEN, seed=0, max_num_seqs=max_num_seqs,
               kv_transfer_config=kv_transfer_config, scheduler_cls=scheduler_cls,
               additional_config={"meridian": meridian or {}},
               reasoning_parser="deepseek_r1" if reasoning else None)
-    rng = random.Random(3)
-    tail = [THINK_START] if reasoning else []
-    prompts = [{"prompt_token_ids": [rng.randrange(8, 60) for _ in range(PROMPT_TOKENS)] + tail}
-               for _ in range(NUM_PROMPTS)]
-    results = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
+    results = llm.generate(prompts(reasoning), SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True))
     inspect(llm.llm_engine.engine_core.engine_core.scheduler)
     del llm
     return [list(r.outputs[0].token_ids) for r in results]
@@ -236,6 +241,67 @@ def test_the_disk_tier_serves_a_fresh_engine_after_a_restart(random_model: Path,
     second = generate(random_model, kv_cache_blocks=64, kv_transfer_config=config)
     assert counted.loads > 0, vars(counted)
     assert second == roomy
+
+
+def disk_tier_config(root: Path) -> dict[str, Any]:
+    config = tier_config(64 * 1024 * 1024)
+    config["kv_connector_extra_config"].update(
+        spec_name="HostCopyTieringSpec",
+        secondary_tiers=[{"type": "fs", "root_dir": str(root), "n_read_threads": 1, "n_write_threads": 1}])
+    return config
+
+
+@pytest.mark.parametrize("prefetch_requests", [0, 4], ids=["no-prefetch", "prefetch"])
+def test_prefetch_moves_disk_prefixes_up_before_their_turn(random_model: Path, counted: Counts, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           prefetch_requests: int) -> None:
+    """A fresh engine whose prompts' prefixes are on disk (a first engine put them there), one
+    seat, the first request running when the others arrive: vLLM's tiering manager moves a block
+    from disk to the host tier when a lookup finds it there and asks the scheduler to come back
+    later, and vLLM looks a waiting request up only at its turn, so without prefetch every request
+    waits a step or more at its turn; with it the plans look the next requests up while they
+    queue, their blocks are in host memory when their turn comes, and they load at once. The
+    tokens are those of an engine that computed everything."""
+    from vllm import LLM, SamplingParams
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+
+    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None)
+    config = disk_tier_config(tmp_path / "kv")
+    assert generate(random_model, kv_cache_blocks=64, kv_transfer_config=config) == roomy
+    deferred: list[str] = []
+    lookup = OffloadingConnector.get_num_new_matched_tokens
+
+    def counting_lookup(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        num_tokens, load_async = lookup(self, request, *args, **kwargs)
+        if num_tokens is None:  # "ask again later": a move from disk is under way
+            deferred.append(request.request_id.split("-")[0])  # vLLM suffixes the client's id
+        return num_tokens, load_async
+
+    monkeypatch.setattr(OffloadingConnector, "get_num_new_matched_tokens", counting_lookup)
+    llm = LLM(model=str(random_model), dtype="float32", enforce_eager=True, max_model_len=256, block_size=BLOCK_TOKENS,
+              kv_cache_memory_bytes=64 * BLOCK_TOKENS * KV_BYTES_PER_TOKEN, seed=0, max_num_seqs=1,
+              kv_transfer_config=config, scheduler_cls="meridian.vllm.MeridianScheduler",
+              additional_config={"meridian": {"kv_tier": {"restore": "always", "prefetch_requests": prefetch_requests}}})
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    for i, prompt in enumerate(prompts()):
+        engine.add_request(f"r{i}", prompt, params)
+        while i == 0 and not engine.engine_core.engine_core.scheduler.running:
+            engine.step()  # the first request holds the seat before the others arrive
+    outputs: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                outputs[out.request_id.split("-")[0]] = list(out.outputs[0].token_ids)
+    hooks = engine.engine_core.engine_core.scheduler.kv_tier
+    assert [outputs[f"r{i}"] for i in range(NUM_PROMPTS)] == roomy and counted.loads > 0
+    assert hooks.staged
+    if prefetch_requests == 0:
+        assert hooks.num_prefetch_lookups == 0
+        assert sorted(set(deferred)) == [f"r{i}" for i in range(NUM_PROMPTS)], deferred
+    else:
+        assert hooks.num_prefetched_blocks >= NUM_PROMPTS - 1
+        assert set(deferred) == {"r0"}, deferred
 
 
 def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random_model: Path, counted: Counts) -> None:

@@ -133,7 +133,9 @@ def test_a_replay_with_the_host_tier_states_it(tmp_path: Path, capsys: pytest.Ca
     assert "host KV tier: 16 GiB (7281 blocks)" in capsys.readouterr().out
     payload = json.loads(out.read_text())
     assert payload["workload"]["host_tier"]["num_blocks"] == 16 * 2**30 // (147456 * 16)
-    assert set(payload["policies"]["vllm-fcfs"]["kv_tier"]) == {"loads", "loaded_tokens", "restored_resumes", "restore_plans"}
+    assert set(payload["policies"]["vllm-fcfs"]["kv_tier"]) == {"loads", "loaded_tokens", "restored_resumes", "restore_plans",
+                                                               "stored_preemptions", "stored_restored_resumes"}
+    assert set(payload["policies"]["vllm-fcfs"]["prefix_cache"]) == {"queries", "hits", "hit_rate"}
 
 
 def test_a_malformed_trace_fails_with_its_line_number(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from meridian._core import Config
-from meridian.replay.policies import HostTier, ReplayResult, policy_spec, replay_policy
+from meridian.replay.policies import HostTier, ReplayResult, policy_spec, replay_engine, replay_policy
 from meridian.replay.profiles import Profile, ProfileError
 from meridian.replay.report import summarize
 from meridian.replay.traces import TraceRequest
@@ -66,6 +66,7 @@ def test_stock_vllm_restores_every_preempted_request_from_the_tier(tmp_path: Pat
     assert tokens(tiered) == tokens(without)
     run = tiered.run
     assert run.num_restored_resumes == sum(preempted.values()), (run.num_restored_resumes, preempted)
+    assert run.num_stored_restored_resumes == run.num_stored_preemptions == sum(preempted.values())
     assert run.num_tier_loaded_tokens >= 16 * run.num_tier_loads > 0
     # Restoring instead of recomputing: less device time for the same tokens.
     assert run.device_busy_ms < without.run.device_busy_ms
@@ -76,6 +77,7 @@ def test_a_tier_too_small_to_hold_a_request_restores_nothing(tmp_path: Path) -> 
     tiered = replay("vllm-fcfs", tmp_path, HostTier(num_blocks=1, load_ms_per_token=0.001))
     assert summarize(tiered)["preemptions"]["think"] > 0
     assert tiered.run.num_tier_loads == 0 and summarize(tiered)["completed"] == len(REQUESTS)
+    assert tiered.run.num_stored_preemptions == 0
 
 
 @pytest.mark.parametrize("restore", ["always", "never"])
@@ -98,3 +100,38 @@ def test_the_profile_prices_host_loads() -> None:
     assert HostTier.of(profile, 0.0) is None
     with pytest.raises(ProfileError, match="host_link_bytes_per_s"):
         linear_profile().host_load_ms_per_token()
+
+
+@pytest.mark.parametrize("num_host_blocks", [400, 4], ids=["roomy", "evicting"])
+def test_the_core_knows_how_much_of_each_preempted_request_the_tier_holds(tmp_path: Path,
+                                                                         num_host_blocks: int) -> None:
+    """What the tier holds of a request (its stored prefix, cut back where the tier evicted a
+    block of it) reaches the core before the next plan: the victim choice reads it there."""
+    from meridian.replay.workload import model_dir_for, offline_requests
+    from meridian.vllm.scheduler import HANDLE_ATTR, MeridianScheduler
+
+    seen: list[tuple[int, int, int]] = []
+
+    class Recording(MeridianScheduler):
+        def _preempt_request(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+            assert self.kv_tier is not None
+            self._tier_policy.flush()  # type: ignore[union-attr]
+            stored = self.kv_tier.stored_tokens(request.request_id)
+            seen.append((stored, self.meridian.num_stored_tokens(getattr(request, HANDLE_ATTR)),
+                         request.num_computed_tokens))
+            return super()._preempt_request(request, *args, **kwargs)
+
+    config = {**CONFIG, "answer_kv_reserve": False, "arrival_preemption": {"enabled": False}}
+    profile = linear_profile()
+    engine = replay_engine(policy_spec("meridian"), offline_requests(REQUESTS, profile, Config.from_json(json.dumps(config))),
+                           profile, meridian_config=config, model_dir=model_dir_for(profile, tmp_path),
+                           host_tier=HostTier(num_blocks=num_host_blocks, load_ms_per_token=0.001),
+                           scheduler_cls=Recording)
+    assert summarize(ReplayResult("meridian", engine.run()))["completed"] == len(REQUESTS)
+    assert seen, "the workload preempts under Meridian too"
+    for stored, in_core, computed in seen:
+        assert stored == in_core and stored % 16 == 0 and stored <= computed, seen
+    if num_host_blocks == 400:  # store-ahead keeps every full block of a running request
+        assert all(stored >= computed - 16 - 1 for stored, _, computed in seen), seen
+    else:  # 4 blocks for eight requests: the tier evicts, and a prefix never outgrows it
+        assert all(stored <= 4 * 16 for stored, _, _ in seen), seen

@@ -164,11 +164,16 @@ pub struct KvTierConfig {
     pub load_ms_per_token: f64,
     /// Refit the load cost from finished transfers (default true).
     pub online_fit: bool,
+    /// Prefetch: this many waiting requests next in line after those admitted this step have
+    /// their prefixes looked up in a staged tier (one with slower tiers behind it, such as
+    /// vLLM's tiering spec with a disk tier), which starts moving them up before their turn
+    /// (default 4; 0: off).
+    pub prefetch_requests: u32,
 }
 
 impl Default for KvTierConfig {
     fn default() -> Self {
-        Self { restore: RestoreMode::Auto, load_ms_per_token: 0.005, online_fit: true }
+        Self { restore: RestoreMode::Auto, load_ms_per_token: 0.005, online_fit: true, prefetch_requests: 4 }
     }
 }
 
@@ -213,6 +218,7 @@ struct RawConfig {
     answer_tokens_prior: Option<Vec<u32>>,
     predictor: Option<RawPredictor>,
     arrival_preemption: Option<RawArrivalPreemption>,
+    prefix_affinity: Option<RawPrefixAffinity>,
     request_log_path: Option<String>,
     step_log_path: Option<String>,
     thinking_control: Option<ThinkingControl>,
@@ -244,6 +250,35 @@ pub struct ArrivalPreemption {
 impl Default for ArrivalPreemption {
     fn default() -> Self {
         Self { enabled: true, min_interval_ms: 10_000.0, max_per_step: 2 }
+    }
+}
+
+/// Raw `prefix_affinity` block.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrefixAffinity {
+    enabled: Option<bool>,
+    slack_guard_ttft_factor: Option<f64>,
+}
+
+/// Prefix-aware admission (key `prefix_affinity`): among waiting requests of one class rank
+/// that have more slack than the guard, those whose prompt prefix is cached (on the device, or
+/// in a tier that would load it) go first, longest saved prefill first; requests within the
+/// guard keep the least-slack-first order, so nobody is pushed past a deadline by it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefixAffinity {
+    /// Whether the rule runs (default true).
+    pub enabled: bool,
+    /// A waiting request with more slack than this many times its class's TTFT target may let
+    /// cached requests go first (default 0.5: one that has used less than half its TTFT target,
+    /// its prefill included; at 1 or more the rule never applies, as a waiting request's TTFT
+    /// slack is always below its target).
+    pub slack_guard_ttft_factor: f64,
+}
+
+impl Default for PrefixAffinity {
+    fn default() -> Self {
+        Self { enabled: true, slack_guard_ttft_factor: 0.5 }
     }
 }
 
@@ -323,6 +358,8 @@ pub struct Config {
     pub predictor: LearningRate,
     /// Preemption on arrival.
     pub arrival_preemption: ArrivalPreemption,
+    /// Prefix-aware admission.
+    pub prefix_affinity: PrefixAffinity,
     /// File the shim appends one JSON line to per finished request (its ledger), if set.
     pub request_log_path: Option<String>,
     /// File the shim appends one JSON line to per engine step (batch shape and measured time), for
@@ -509,6 +546,7 @@ impl Config {
             )?,
             predictor: validate_predictor(raw.predictor.unwrap_or_default())?,
             arrival_preemption: validate_arrival_preemption(raw.arrival_preemption.unwrap_or_default())?,
+            prefix_affinity: validate_prefix_affinity(raw.prefix_affinity.unwrap_or_default())?,
             request_log_path: log_path("request_log_path", raw.request_log_path)?,
             step_log_path: log_path("step_log_path", raw.step_log_path)?,
             thinking_control,
@@ -529,6 +567,17 @@ fn validate_arrival_preemption(raw: RawArrivalPreemption) -> Result<ArrivalPreem
         max_per_step: positive_u32(
             "arrival_preemption.max_per_step",
             raw.max_per_step.unwrap_or(defaults.max_per_step),
+        )?,
+    })
+}
+
+fn validate_prefix_affinity(raw: RawPrefixAffinity) -> Result<PrefixAffinity> {
+    let defaults = PrefixAffinity::default();
+    Ok(PrefixAffinity {
+        enabled: raw.enabled.unwrap_or(defaults.enabled),
+        slack_guard_ttft_factor: non_negative(
+            "prefix_affinity.slack_guard_ttft_factor",
+            raw.slack_guard_ttft_factor.unwrap_or(defaults.slack_guard_ttft_factor),
         )?,
     })
 }

@@ -26,7 +26,7 @@ const LOAD_FORGETTING: f64 = 0.95;
 pub const MAX_TIERS: usize = 16;
 
 /// A tier beyond the device, as registered by the shim ([`KvTiers::add_tier`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TierId(pub u8);
 
 impl TierId {
@@ -84,6 +84,8 @@ struct TierFit {
     sum_ms: f64,
     sum_tokens: f64,
     num_loads: u64,
+    /// Slower tiers sit behind it: a lookup there starts moving a block up (prefetch pays).
+    staged: bool,
 }
 
 impl TierFit {
@@ -107,9 +109,11 @@ impl KvTiers {
     }
 
     /// Registers a tier by name (the connector's own name for it); registering a name again
-    /// returns the same id.
-    pub fn add_tier(&mut self, name: &str) -> Result<TierId> {
+    /// returns the same id. `staged`: slower tiers sit behind it, so looking a block up there
+    /// ahead of time moves it up (what prefetch does).
+    pub fn add_tier(&mut self, name: &str, staged: bool) -> Result<TierId> {
         if let Some(i) = self.tiers.iter().position(|t| t.name == name) {
+            self.tiers[i].staged |= staged;
             return Ok(TierId(i as u8));
         }
         if self.tiers.len() >= MAX_TIERS {
@@ -121,8 +125,19 @@ impl KvTiers {
             sum_ms: seed * SEED_WEIGHT_TOKENS,
             sum_tokens: SEED_WEIGHT_TOKENS,
             num_loads: 0,
+            staged,
         });
         Ok(TierId((self.tiers.len() - 1) as u8))
+    }
+
+    /// Whether any registered tier has slower tiers behind it.
+    pub fn any_staged(&self) -> bool {
+        self.tiers.iter().any(|t| t.staged)
+    }
+
+    /// How many tiers are registered.
+    pub fn num_tiers(&self) -> usize {
+        self.tiers.len()
     }
 
     /// The registered tiers' names, in id order.
@@ -190,6 +205,33 @@ impl KvTiers {
         Ok(best)
     }
 
+    /// The shortest stored prefix of `tier` that a resume would load rather than recompute under
+    /// the same costs as [`Self::plan`] with one span (`f64::INFINITY`: none would be loaded,
+    /// 0: any would). The plan loads `s` tokens when `step_ms + s·load < s·prefill` (per request
+    /// of the batch), so the bound is `step_ms / ((prefill − load) · batch)`, exclusive.
+    pub fn min_restore_tokens(
+        &self,
+        tier: TierId,
+        step_ms: f64,
+        prefill_ms_per_token: f64,
+        num_batch_requests: u32,
+    ) -> f64 {
+        let Some(fit) = self.tiers.get(tier.index()) else { return f64::INFINITY };
+        match self.config.restore {
+            RestoreMode::Never => f64::INFINITY,
+            RestoreMode::Always => 0.0,
+            RestoreMode::Auto => {
+                let saved_ms_per_token =
+                    (prefill_ms_per_token - fit.load_ms_per_token()) * f64::from(num_batch_requests.max(1));
+                if saved_ms_per_token > 0.0 {
+                    step_ms / saved_ms_per_token
+                } else {
+                    f64::INFINITY
+                }
+            }
+        }
+    }
+
     /// Counts what became of an offered hit: `num_loaded_tokens` of `num_offered_tokens` were
     /// loaded (vLLM may load less than planned, never more).
     pub fn on_allocated(&mut self, num_offered_tokens: u32, num_loaded_tokens: u32) {
@@ -235,13 +277,18 @@ mod tests {
     use proptest::prelude::*;
 
     fn tiers(restore: RestoreMode, seeds: &[f64]) -> (KvTiers, Vec<TierId>) {
-        let mut all = KvTiers::new(KvTierConfig { restore, load_ms_per_token: 0.0, online_fit: false });
+        let mut all = KvTiers::new(KvTierConfig {
+            restore,
+            load_ms_per_token: 0.0,
+            online_fit: false,
+            prefetch_requests: 0,
+        });
         let ids = seeds
             .iter()
             .enumerate()
             .map(|(i, &seed)| {
                 all.config.load_ms_per_token = seed;
-                all.add_tier(&format!("tier{i}")).unwrap()
+                all.add_tier(&format!("tier{i}"), false).unwrap()
             })
             .collect();
         (all, ids)
@@ -291,9 +338,11 @@ mod tests {
             restore: RestoreMode::Auto,
             load_ms_per_token: 1.0,
             online_fit: true,
+            prefetch_requests: 0,
         });
-        let id = t.add_tier("host").unwrap();
-        assert_eq!(t.add_tier("host").unwrap(), id);
+        let id = t.add_tier("host", false).unwrap();
+        assert_eq!(t.add_tier("host", true).unwrap(), id);
+        assert!(t.any_staged(), "a later registration can only add staging");
         for _ in 0..20 {
             t.on_load(id, 320, 3.2).unwrap();
         }
@@ -318,6 +367,24 @@ mod tests {
     }
 
     proptest! {
+        /// A stored prefix above the bound is exactly one the plan would load.
+        #[test]
+        fn min_restore_tokens_agrees_with_the_plan(
+            num_tokens in 1u32..8192,
+            load in 0.0f64..0.2,
+            step_ms in 0.0f64..50.0,
+            prefill in 0.0f64..0.2,
+            batch in 1u32..64,
+        ) {
+            let (t, ids) = tiers(RestoreMode::Auto, &[load]);
+            let bound = t.min_restore_tokens(ids[0], step_ms, prefill, batch);
+            let plan = t.plan(&[span(ids[0], num_tokens)], step_ms, prefill, batch).unwrap();
+            // Away from the boundary itself, where rounding may fall either way.
+            if (f64::from(num_tokens) - bound).abs() > 1e-6 * bound.max(1.0) {
+                prop_assert_eq!(plan.num_restore_tokens > 0, f64::from(num_tokens) > bound);
+            }
+        }
+
         /// The plan is a span-boundary prefix of the hit and no boundary is cheaper.
         #[test]
         fn plan_is_the_cheapest_boundary(

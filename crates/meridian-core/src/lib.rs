@@ -34,6 +34,7 @@ pub mod kv_tier;
 pub mod ledger;
 pub mod phase;
 pub mod predictor;
+pub mod prefix_index;
 pub mod scheduler;
 pub mod slo;
 pub mod step_model;
@@ -41,7 +42,8 @@ pub mod thinking;
 pub mod thinking_stream;
 
 pub use config::{
-    ArrivalPreemption, Config, KvTierConfig, Policy, ReasoningBlockRule, RestoreMode, StepTimeProfile,
+    ArrivalPreemption, Config, KvTierConfig, Policy, PrefixAffinity, ReasoningBlockRule, RestoreMode,
+    StepTimeProfile,
 };
 pub use error::{Error, Result};
 pub use kv_tier::{RestorePlan, TierCounters, TierId, TierSpan};
@@ -49,6 +51,7 @@ pub use ledger::{
     Attainment, ClassCounters, FinishReason, PhaseCounts, PhaseCountsU64, RequestLedger, RequestMetrics,
 };
 pub use phase::{Phase, ReasoningMarkers, TokenKind};
+pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
 pub use scheduler::{
     EngineLimits, FinishedRequest, Meridian, NewRequest, Preemption, ReqHandle, SchedulerStats, StepPlan,
 };

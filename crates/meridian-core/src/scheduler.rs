@@ -15,10 +15,11 @@ use std::collections::{HashMap, VecDeque};
 
 use crate::config::{Config, Policy, ReasoningBlockRule};
 use crate::error::{check_time_ms, Error, Result};
-use crate::kv_tier::KvTiers;
+use crate::kv_tier::{KvTiers, TierId, TierSpan, MAX_TIERS};
 use crate::ledger::{Attainment, ClassCounters, FinishReason, PhaseCountsU64, RequestLedger, RequestMetrics};
 use crate::phase::{Phase, PhaseTracker, ReasoningMarkers};
 use crate::predictor::{Quantile, ResidualLength};
+use crate::prefix_index::PrefixIndex;
 use crate::slo::{ClassId, SloTargets};
 use crate::step_model::{StepCoefficients, StepSample, StepShape, StepTimeModel};
 
@@ -107,6 +108,10 @@ pub struct StepPlan {
     /// for a more important waiting request (preemption on arrival); `num_admissible` already
     /// counts the seats and blocks they free. Thinking (or still prefilling) requests only.
     pub preempt: Vec<u32>,
+    /// Indices into `waiting` of requests next in line whose prefixes the shim should look up in
+    /// a staged KV tier now, so that slower tiers move them up before their turn (prefetch);
+    /// empty without a staged tier. Each request at most once.
+    pub prefetch: Vec<u32>,
 }
 
 /// What a preemption meant.
@@ -192,6 +197,13 @@ struct Tracked {
     offered_restore_tokens: Option<u32>,
     /// A KV load of this request failed: it recomputes from now on.
     kv_load_failed: bool,
+    /// The prefix of its KV a tier holds ([`Meridian::on_kv_stored`]): what a resume after a
+    /// preemption could load instead of recomputing.
+    stored_prefix: Option<TierSpan>,
+    /// Its prompt's block hashes (for prefix-aware admission; empty without prefix caching).
+    block_hashes: Box<[u64]>,
+    /// A plan already had its prefix looked up in a staged tier ([`StepPlan::prefetch`]).
+    prefetched: bool,
 }
 
 impl Tracked {
@@ -227,6 +239,9 @@ struct Hot {
     preempted: bool,
     has_started: bool,
     has_answered: bool,
+    /// Tokens of its prefix a tier holds (0 after a failed load: it recomputes), and the tier.
+    num_stored_tokens: u32,
+    stored_tier: u8,
 }
 
 impl Hot {
@@ -249,6 +264,11 @@ impl Hot {
             preempted: r.preempted,
             has_started: r.ledger.first_token_ms.is_some(),
             has_answered: r.ledger.first_answer_ms.is_some(),
+            num_stored_tokens: r
+                .stored_prefix
+                .filter(|_| !r.kv_load_failed)
+                .map_or(0, |s| s.num_tokens.min(r.num_tokens())),
+            stored_tier: r.stored_prefix.map_or(0, |s| s.tier.0),
         }
     }
 }
@@ -360,6 +380,11 @@ pub struct Meridian {
     /// The shape of the last step measured: the extra step a KV load costs is priced as one
     /// more like it; `None` before the first measurement.
     last_step_shape: Option<StepShape>,
+    /// Per tier, refreshed at the start of every plan: the shortest stored prefix a resume would
+    /// load rather than recompute ([`KvTiers::min_restore_tokens`]).
+    min_restore_tokens: [f64; MAX_TIERS],
+    /// Where prompt prefixes are cached (device and tiers), for prefix-aware admission.
+    prefix_index: PrefixIndex,
 }
 
 /// About how many recent completions the recent TTFAT attainment remembers: enough that one
@@ -412,6 +437,8 @@ impl Meridian {
             class_table,
             kv_tiers,
             last_step_shape: None,
+            min_restore_tokens: [f64::INFINITY; MAX_TIERS],
+            prefix_index: PrefixIndex::new(),
         })
     }
 
@@ -500,6 +527,9 @@ impl Meridian {
             arrival_preempted_ms: None,
             offered_restore_tokens: None,
             kv_load_failed: false,
+            stored_prefix: None,
+            block_hashes: Box::default(),
+            prefetched: false,
             probe: false,
         };
         let handle = self.insert(tracked);
@@ -555,6 +585,7 @@ impl Meridian {
             lengths.answer.refresh();
             *fresh = lengths.think.remaining_quantile(0, Quantile::P50);
         }
+        self.refresh_restore_bounds();
         let load = self.running_load(running);
         let decode_step_ms = self.step_model.predict_ms(load.decodes());
         let running_order = self.order_running(now_ms, running, decode_step_ms);
@@ -577,6 +608,7 @@ impl Meridian {
             &load,
         );
         let token_budget = self.token_budget(&load);
+        let prefetch = self.prefetch(waiting, &waiting_order, num_admissible);
         let held = self.paced_out(now_ms, running, decode_step_ms);
         self.num_thinking_in_step = running.len() as u32 - load.num_answering;
         let step_id = self.stats.num_steps;
@@ -591,6 +623,7 @@ impl Meridian {
             num_reserved_blocks,
             held,
             preempt,
+            prefetch,
         })
     }
 
@@ -602,6 +635,8 @@ impl Meridian {
         let phase = request.tracker.phase();
         request.ledger.num_preemptions.bump(phase);
         request.preempted = true;
+        // Its KV goes to the tiers again (and from the fastest down): worth a new prefetch.
+        request.prefetched = false;
         request.waiting_since_ms = now_ms;
         // PASCAL preempts answers first on purpose: there it is the policy, not a failure.
         let alarm = phase == Phase::Answer && thinking_left > 0 && self.config.policy != Policy::Pascal;
@@ -810,7 +845,9 @@ impl Meridian {
             Policy::Scorpio => return (0, sortable(r.arrival_ms), 0),
         }
         let targets = self.targets(r.class);
-        let more_sunk_first = u32::MAX - r.num_tokens;
+        let restorable = self.restorable_tokens(r);
+        // Sunk work is what a preemption would throw away: a prefix a tier gives back is kept.
+        let more_sunk_first = u32::MAX - (r.num_tokens - restorable);
         let sunk_key = u64::from(more_sunk_first);
         if r.phase == Phase::Answer {
             return (
@@ -836,6 +873,49 @@ impl Meridian {
     #[inline]
     fn prefill_ms(&self, num_tokens: u32) -> f64 {
         self.step_model.predict_ms(StepShape { num_prefill_tokens: num_tokens, ..StepShape::default() })
+    }
+
+    /// Tokens of a running request's context a tier would give back if it were preempted now:
+    /// its stored prefix when a resume would load rather than recompute it, else none.
+    #[inline]
+    fn restorable_tokens(&self, r: &Hot) -> u32 {
+        let stored = r.num_stored_tokens;
+        if stored > 0 && f64::from(stored) > self.min_restore_tokens[usize::from(r.stored_tier)] {
+            stored
+        } else {
+            0
+        }
+    }
+
+    /// Engine time a preemption's resume saves when `restorable` tokens load instead of being
+    /// recomputed (0 without a tier).
+    #[inline]
+    fn tier_savings_ms(&self, r: &Hot, restorable: u32) -> f64 {
+        if restorable == 0 {
+            return 0.0;
+        }
+        let load_ms_per_token =
+            self.kv_tiers.load_ms_per_token(TierId(r.stored_tier)).unwrap_or(f64::INFINITY);
+        let per_token_ms = self.step_model.coefficients().per_prefill_token_ms - load_ms_per_token;
+        (f64::from(restorable) * per_token_ms).max(0.0)
+    }
+
+    /// Recomputes the per-tier restore bounds for this plan from the step-time model, pricing
+    /// the extra step a load takes as [`Self::plan_restore`] does.
+    fn refresh_restore_bounds(&mut self) {
+        let shape =
+            self.last_step_shape.unwrap_or(StepShape { num_decode_requests: 1, ..StepShape::default() });
+        let step_ms = self.step_model.predict_ms(shape);
+        let prefill_ms_per_token = self.step_model.coefficients().per_prefill_token_ms;
+        let num_tiers = self.kv_tiers.num_tiers();
+        for (i, bound) in self.min_restore_tokens.iter_mut().enumerate().take(num_tiers) {
+            *bound = self.kv_tiers.min_restore_tokens(
+                TierId(i as u8),
+                step_ms,
+                prefill_ms_per_token,
+                shape.num_decode_requests,
+            );
+        }
     }
 
     /// How long a late thinker yields its decode to prompt chunks: until it has been in the
@@ -928,6 +1008,12 @@ impl Meridian {
         }
         let rank = self.class_table[r.class.index()].1;
         let aged_rank = u64::from(rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8));
+        if let Some(affinity) = self.affinity_key(r, &targets, slack_ms) {
+            // Within the rank: requests within their slack guard by slack, then the others with
+            // the longest cached prefix first, by slack among equals.
+            let primary = aged_rank << 56 | affinity << 50 | sortable(slack_ms) >> 14;
+            return (7, primary, u64::from(sortable32(r.arrival_ms)));
+        }
         (7, aged_rank << 56 | sortable(slack_ms) >> 8, u64::from(sortable32(r.arrival_ms)))
     }
 
@@ -1089,7 +1175,9 @@ impl Meridian {
             if !eligible {
                 continue;
             }
-            let recompute_ms = self.prefill_ms(r.num_tokens);
+            // What the victim loses: its recompute, less what a tier gives back.
+            let recompute_ms =
+                self.prefill_ms(r.num_tokens) - self.tier_savings_ms(r, self.restorable_tokens(r));
             let net_ms = self.think_slack_ms(now_ms, r, &self.targets(r.class), step_ms) - recompute_ms;
             if best.is_none_or(|(b, _, _)| net_ms >= b) {
                 best = Some((net_ms, i as u32, u64::from(r.num_tokens).div_ceil(block_size)));
@@ -1350,6 +1438,7 @@ fn sortable(x: f64) -> u64 {
     }
 }
 
+mod prefix;
 mod tiers;
 
 #[cfg(test)]

@@ -123,6 +123,7 @@ struct PyStepPlan {
     num_reserved_blocks: u32,
     held: Vec<u32>,
     preempt: Vec<u32>,
+    prefetch: Vec<u32>,
 }
 
 /// A finished request's report.
@@ -248,6 +249,7 @@ impl PyMeridian {
             num_reserved_blocks: plan.num_reserved_blocks,
             held: plan.held,
             preempt: plan.preempt,
+            prefetch: plan.prefetch,
         })
     }
 
@@ -411,9 +413,10 @@ impl PyMeridian {
     }
 
     /// Registers a KV tier by the connector's name for it; returns its id (the same for the
-    /// same name).
-    fn add_kv_tier(&mut self, name: &str) -> PyResult<u8> {
-        self.inner.add_kv_tier(name).map(|t| t.0).map_err(to_py)
+    /// same name). `staged`: slower tiers sit behind it, so the plans prefetch.
+    #[pyo3(signature = (name, staged = false))]
+    fn add_kv_tier(&mut self, name: &str, staged: bool) -> PyResult<u8> {
+        self.inner.add_kv_tier(name, staged).map(|t| t.0).map_err(to_py)
     }
 
     /// Folds a finished load (`num_tokens` tokens from `tier` in `duration_ms`) into the
@@ -449,6 +452,93 @@ impl PyMeridian {
     /// vLLM allocated the request with `num_loaded_tokens` from a tier: counts the last offer.
     fn on_kv_allocated(&mut self, handle: u64, num_loaded_tokens: u32) -> PyResult<()> {
         self.inner.on_kv_allocated(core::ReqHandle(handle), num_loaded_tokens).map_err(to_py)
+    }
+
+    /// A tier holds the first `num_tokens[i]` tokens of request `handles[i]`'s KV (its stored
+    /// prefix; 0 forgets it).
+    fn on_kv_stored_batch(&mut self, tier: u8, handles: Vec<u64>, num_tokens: Vec<u32>) -> PyResult<()> {
+        if handles.len() != num_tokens.len() {
+            return Err(errors::invalid_argument(format!(
+                "handles ({}) and num_tokens ({}) differ in length",
+                handles.len(),
+                num_tokens.len()
+            )));
+        }
+        for (handle, n) in handles.into_iter().zip(num_tokens) {
+            self.inner.on_kv_stored(core::ReqHandle(handle), core::TierId(tier), n).map_err(to_py)?;
+        }
+        Ok(())
+    }
+
+    /// The block hashes of a request's prompt: `block_hashes` holds them back to back,
+    /// `hash_size` bytes each (vLLM's `request.block_hashes` joined).
+    fn set_block_hashes(&mut self, handle: u64, block_hashes: &[u8], hash_size: usize) -> PyResult<()> {
+        let hashes = hashes_from_bytes(block_hashes, hash_size)?;
+        self.inner.set_block_hashes(core::ReqHandle(handle), hashes).map_err(to_py)
+    }
+
+    /// Whether prefix-aware admission wants the device cache's and the tiers' block events.
+    fn wants_block_events(&self) -> bool {
+        self.inner.wants_block_events()
+    }
+
+    /// Block events of one medium (`tier` None: the device cache), in order: `ops[i]` is 1 for a
+    /// store, 0 for a removal (each takes the next `hash_size` bytes of `block_hashes`) or 2 for
+    /// "everything cleared" (takes none).
+    fn on_block_events(
+        &mut self,
+        tier: Option<u8>,
+        ops: &[u8],
+        block_hashes: &[u8],
+        hash_size: usize,
+    ) -> PyResult<()> {
+        let hashes = hashes_from_bytes(block_hashes, hash_size)?;
+        let medium = tier.map_or(core::Medium::Device, |t| core::Medium::Tier(core::TierId(t)));
+        let mut next = hashes.iter();
+        for (i, &op) in ops.iter().enumerate() {
+            match op {
+                2 => self.inner.on_blocks_cleared(medium).map_err(to_py)?,
+                0 | 1 => {
+                    let Some(&hash) = next.next() else {
+                        return Err(errors::invalid_argument(format!(
+                            "ops[{i}] needs a block hash but only {} were given",
+                            hashes.len()
+                        )));
+                    };
+                    let apply = if op == 1 {
+                        core::Meridian::on_blocks_stored
+                    } else {
+                        core::Meridian::on_blocks_removed
+                    };
+                    apply(&mut self.inner, medium, &[hash]).map_err(to_py)?;
+                }
+                other => {
+                    return Err(errors::invalid_argument(format!(
+                        "ops[{i}] is {other}; expected 0 (removed), 1 (stored) or 2 (cleared)"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `(device blocks, tier blocks, tier)` of a live request's prompt the index finds cached.
+    fn cached_prefix(&self, handle: u64) -> PyResult<(u32, u32, u8)> {
+        let c = self.inner.cached_prefix(core::ReqHandle(handle)).map_err(to_py)?;
+        Ok((c.num_device_blocks, c.num_tier_blocks, c.tier.0))
+    }
+
+    /// These requests' prefixes are as ready as the tiers can make them: no more prefetch.
+    fn on_prefetched(&mut self, handles: Vec<u64>) -> PyResult<()> {
+        for handle in handles {
+            self.inner.on_prefetched(core::ReqHandle(handle)).map_err(to_py)?;
+        }
+        Ok(())
+    }
+
+    /// Tokens of the request's KV a tier holds, as far as the core knows.
+    fn num_stored_tokens(&self, handle: u64) -> PyResult<u32> {
+        self.inner.num_stored_tokens(core::ReqHandle(handle)).map_err(to_py)
     }
 
     /// Loads of `num_blocks` of the request's KV blocks failed; it recomputes from now on.
@@ -491,6 +581,21 @@ fn set_preemptions(d: &Bound<'_, PyDict>, p: &core::PhaseCountsU64) -> PyResult<
     d.set_item("num_preemptions_prefill", p.prefill)?;
     d.set_item("num_preemptions_think", p.think)?;
     d.set_item("num_preemptions_answer", p.answer)
+}
+
+/// Block hashes sent back to back, `hash_size` bytes each, as 64-bit keys: the last 8 bytes of
+/// each, big-endian (vLLM's own reduction of a block hash to an integer).
+fn hashes_from_bytes(bytes: &[u8], hash_size: usize) -> PyResult<Vec<u64>> {
+    if hash_size == 0 || bytes.len() % hash_size != 0 {
+        return Err(errors::invalid_argument(format!(
+            "block_hashes holds {} bytes, not a whole number of {hash_size}-byte hashes",
+            bytes.len()
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(hash_size)
+        .map(|h| h.iter().rev().take(8).rev().fold(0u64, |key, &b| key << 8 | u64::from(b)))
+        .collect())
 }
 
 fn handles(raw: Vec<u64>) -> Vec<core::ReqHandle> {

@@ -212,6 +212,18 @@ class HostTierLink:
         self.block_size = int(scheduler.block_size)
         self.load_ms_per_token = load_ms_per_token
         self.kv_bytes_per_token = kv_bytes_per_token(scheduler.kv_cache_config)
+        self._manager = scheduler.connector.connector_scheduler.manager
+
+    def holds(self, request: Any) -> bool:
+        """Whether the tier holds (or is storing) a preempted request's blocks: its last full
+        block but one (store-ahead offers a block the step after it fills, so a victim's newest
+        block may never have been offered)."""
+        from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key
+
+        if not request.block_hashes:
+            return False
+        key = make_offload_key(request.block_hashes[max(len(request.block_hashes) - 2, 0)], 0)
+        return bool(self._manager.lookup(key, ReqContext(req_id=request.request_id)) != LookupResult.MISS)
 
     @staticmethod
     def _jobs(output: Any) -> Any:
@@ -358,9 +370,17 @@ class EngineRun:
     num_tier_loads: int = 0
     num_tier_loaded_tokens: int = 0
     num_restored_resumes: int = 0
+    #: Preemptions after which the tier held the victim's last full block, and how many of those
+    #: victims came back by a load.
+    num_stored_preemptions: int = 0
+    num_stored_restored_resumes: int = 0
     #: A Meridian scheduler's restore-or-recompute counters at the end of the run (its core's
     #: ``kv_tier_counters``); None for other schedulers.
     restore_counters: dict[str, int] | None = None
+    #: vLLM's own device prefix-cache statistics (``vllm:prefix_cache_queries`` / ``_hits``:
+    #: prompt tokens looked up and found cached, requests resuming from a preemption left out).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
     @property
     def reports(self) -> list[FinishedRequest]:
@@ -417,8 +437,10 @@ class OfflineEngine:
         #: Passes of the busy loop so far (one ``step_with_batch_queue`` call each, plus idle
         #: jumps); arrivals are added at the top of a pass, as ``EngineCore`` does between steps.
         self.num_loop_passes = 0
-        #: Preempted requests that have not loaded KV back since.
+        #: Preempted requests that have not loaded KV back since, and those of them whose blocks
+        #: the tier held at the preemption.
         self._preempted: set[str] = set()
+        self._preempted_stored: set[str] = set()
 
     def run(self) -> EngineRun:
         """Runs until every admitted request has finished."""
@@ -502,6 +524,7 @@ class OfflineEngine:
             model_output.kv_connector_output = self.tier_link.connector_output(output)
             self._count_loads(output)
         engine_outputs = self.scheduler.update_from_output(output, model_output)
+        self._count_prefix_cache(engine_outputs.values())
         handles: list[int] = []
         counts: list[int] = []
         flat: list[int] = []
@@ -526,6 +549,13 @@ class OfflineEngine:
         for req_id, reason in finished:
             self._finish(req_id, reason)
 
+    def _count_prefix_cache(self, batches: Any) -> None:
+        for batch in batches:
+            stats = batch.scheduler_stats.prefix_cache_stats if batch.scheduler_stats is not None else None
+            if stats is not None:
+                self.result.prefix_cache_queries += stats.queries
+                self.result.prefix_cache_hits += stats.hits
+
     def _count_loads(self, output: Any) -> None:
         assert self.tier_link is not None
         req_ids = self.tier_link.load_req_ids(output)
@@ -533,7 +563,9 @@ class OfflineEngine:
         result.num_tier_loads += len(req_ids)
         result.num_tier_loaded_tokens += self.tier_link.load_tokens(output)
         result.num_restored_resumes += sum(1 for req_id in req_ids if req_id in self._preempted)
+        result.num_stored_restored_resumes += sum(1 for req_id in req_ids if req_id in self._preempted_stored)
         self._preempted.difference_update(req_ids)
+        self._preempted_stored.difference_update(req_ids)
 
     # ---- requests -------------------------------------------------------------------------
 
@@ -578,6 +610,10 @@ class OfflineEngine:
 
     def _observe_preemption(self, req_id: str) -> None:
         self._preempted.add(req_id)
+        request = self.scheduler.requests.get(req_id)
+        if self.tier_link is not None and request is not None and self.tier_link.holds(request):
+            self.result.num_stored_preemptions += 1
+            self._preempted_stored.add(req_id)
         entry = self._live.get(req_id)
         if entry is not None:
             _phase, alarm = self.observer.on_preempted(self.now_ms, entry[2])
@@ -585,6 +621,7 @@ class OfflineEngine:
 
     def _finish(self, req_id: str, reason: str) -> None:
         self._preempted.discard(req_id)
+        self._preempted_stored.discard(req_id)
         offline, timeline, handle = self._live.pop(req_id)
         timeline.thinking_stopped_by = offline.script.thinking_stopped_by
         timeline.finish_reason = reason

@@ -52,7 +52,11 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         device_utilization=run.device_busy_ms / max(run.clock_ms, 1e-9),
         answer_preemption_alarms=run.num_answer_preemption_alarms,
         kv_tier={"loads": run.num_tier_loads, "loaded_tokens": run.num_tier_loaded_tokens,
-                 "restored_resumes": run.num_restored_resumes, "restore_plans": run.restore_counters},
+                 "restored_resumes": run.num_restored_resumes, "restore_plans": run.restore_counters,
+                 "stored_preemptions": run.num_stored_preemptions,
+                 "stored_restored_resumes": run.num_stored_restored_resumes},
+        prefix_cache={"queries": run.prefix_cache_queries, "hits": run.prefix_cache_hits,
+                      "hit_rate": run.prefix_cache_hits / run.prefix_cache_queries if run.prefix_cache_queries else None},
     )
     return summary
 

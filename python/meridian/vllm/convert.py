@@ -82,3 +82,68 @@ def step_shape(output: SchedulerOutput, requests: dict[str, Request]) -> dict[st
         "num_decode_requests": num_decode_requests,
         "num_context_tokens": num_context_tokens,
     }
+
+
+#: Bytes of a block hash as the core takes it: vLLM's own 64-bit reduction (its
+#: ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``: the last 8 bytes, big-endian).
+HASH_KEY_BYTES = 8
+#: The core's block-event codes (``Meridian.on_block_events``).
+OP_REMOVED, OP_STORED, OP_CLEARED = 0, 1, 2
+
+
+def hash_key(block_hash: bytes | int) -> bytes:
+    """A block hash (vLLM's bytes, or the int its KV events may carry) as the core's 8-byte key."""
+    if isinstance(block_hash, int):
+        return (block_hash & 0xFFFF_FFFF_FFFF_FFFF).to_bytes(HASH_KEY_BYTES, "big")
+    return bytes(block_hash[-HASH_KEY_BYTES:]).rjust(HASH_KEY_BYTES, b"\0")
+
+
+def block_hash_keys(block_hashes: list[Any]) -> bytes:
+    """A prompt's block hashes as the core takes them, back to back."""
+    return b"".join(hash_key(h) for h in block_hashes)
+
+
+class BlockEvents:
+    """Block stores and removals of one medium, in order, as ``Meridian.on_block_events`` takes
+    them; ``take`` empties it."""
+
+    def __init__(self) -> None:
+        self._ops = bytearray()
+        self._hashes = bytearray()
+
+    def __bool__(self) -> bool:
+        return bool(self._ops)
+
+    def stored(self, block_hashes: list[Any]) -> None:
+        self._add(OP_STORED, block_hashes)
+
+    def removed(self, block_hashes: list[Any]) -> None:
+        self._add(OP_REMOVED, block_hashes)
+
+    def cleared(self) -> None:
+        self._ops.append(OP_CLEARED)
+
+    def take(self) -> tuple[bytes, bytes]:
+        ops, hashes = bytes(self._ops), bytes(self._hashes)
+        self._ops.clear()
+        self._hashes.clear()
+        return ops, hashes
+
+    def _add(self, op: int, block_hashes: list[Any]) -> None:
+        for block_hash in block_hashes:
+            self._ops.append(op)
+            self._hashes += hash_key(block_hash)
+
+
+def device_block_events(events: list[Any], into: BlockEvents) -> None:
+    """vLLM's KV cache events (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``) as block
+    events of the device cache."""
+    from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    for event in events:
+        if isinstance(event, BlockStored):
+            into.stored(event.block_hashes)
+        elif isinstance(event, BlockRemoved):
+            into.removed(event.block_hashes)
+        elif isinstance(event, AllBlocksCleared):
+            into.cleared()

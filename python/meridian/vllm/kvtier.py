@@ -50,8 +50,11 @@ from vllm.v1.kv_offload.base import (
     OffloadingManager,
     OffloadingWorker,
     OffloadKey,
+    LookupResult,
     ReqContext,
     TransferResult,
+    get_offload_block_hash,
+    make_offload_key,
 )
 from vllm.v1.kv_offload.config import OffloadingConfig
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
@@ -282,21 +285,56 @@ class RestorePolicy(Protocol):
     def on_kv_loaded(self, num_tokens: float, duration_s: float) -> None:
         """The tier finished loads of ``num_tokens`` tokens in ``duration_s``."""
 
+    def on_kv_stored(self, req_id: str, num_tokens: int) -> None:
+        """The tier now holds the first ``num_tokens`` tokens of the request's KV."""
+
+    def on_tier_blocks(self, stored_hashes: list[bytes], removed_hashes: list[bytes]) -> None:
+        """The tier stored and evicted these blocks (their block hashes)."""
+
+    def on_tier_cleared(self) -> None:
+        """The tier dropped everything."""
+
 
 class TierHooks:
     """Wraps an OffloadingConnector's and its manager's public methods (never vLLM's code):
     remembers each request's ``ReqContext``, marks a finished one with the core's never-reusable
     token and keeps those blocks out of its final store pass; asks the core how much of each hit
-    to load; reports the tier's load timings."""
+    to load; reports the tier's load timings, and how much of each live request's KV the tier
+    holds (what a preemption of it would lose): the end of the prefix its stores have covered,
+    cut back when the manager evicts one of its blocks to make room (evictions the manager makes
+    on its own, e.g. a tiering spec's promotions, are not seen: the figure is a hint to the
+    victim choice, and a resume still loads only what the connector's lookup finds)."""
 
     #: The core's name for the tier (one per engine: the first OffloadingConnector's).
     TIER_NAME = "OffloadingConnector"
 
+    #: Whether slower tiers sit behind the manager (vLLM's tiering spec with secondary tiers):
+    #: a lookup there starts moving a block up, so looking ahead pays (``prefetch``).
+    staged: bool
+
     def __init__(self, connector: Any, manager: OffloadingManager, policy: RestorePolicy,
-                 kv_bytes_per_token: float):
+                 kv_bytes_per_token: float, group: Any):
         self._contexts: OrderedDict[str, ReqContext] = OrderedDict()
+        self._manager = manager
+        self.staged = bool(getattr(manager, "secondary_tiers", None))
+        #: Prefix lookups made ahead of a request's turn, and the blocks they found ready.
+        self.num_prefetch_lookups = 0
+        self.num_prefetched_blocks = 0
+        #: Per request being prefetched: its first chunk not yet found ready.
+        self._prefetch_from: dict[str, int] = {}
+        # The connector's first KV cache group: its keys are one block hash in every
+        # ``hashes_per_chunk`` (the chunk's last), as the connector's own lookup builds them.
+        self._group_idx, self._hashes_per_chunk = group.group_idx, group.hashes_per_chunk
+        tokens_per_chunk = group.tokens_per_chunk
         self.num_blocks_not_stored = 0
         self.num_requests_marked = 0
+        self._policy = policy
+        self._tokens_per_chunk = tokens_per_chunk
+        #: Live requests' stored blocks: key → (req_id, the block's end token).
+        self._owners: dict[OffloadKey, tuple[str, int]] = {}
+        #: Per live request: the end of its stored prefix, and the keys it owns.
+        self._stored_tokens: dict[str, int] = {}
+        self._owned_keys: dict[str, list[OffloadKey]] = {}
         self._wrap_manager(manager)
         self._wrap_connector(connector, policy, kv_bytes_per_token)
 
@@ -316,15 +354,69 @@ class TierHooks:
                 kept = [k for k in keys if rule.keeps(k, req_context)]
                 self.num_blocks_not_stored += len(keys) - len(kept)
                 keys = kept
-            return prepare_store(keys, req_context)
+            output = prepare_store(keys, req_context)
+            if output is not None:
+                self._policy.on_tier_blocks([get_offload_block_hash(k) for k in output.keys_to_store],
+                                            [get_offload_block_hash(k) for k in output.evicted_keys])
+                if rule is None:  # a live request: what a preemption of it would lose
+                    self._note_stored(keys, req_context, output.evicted_keys)
+            return output
 
         def releasing_on_request_finished(req_context: ReqContext) -> None:
             on_request_finished(req_context)
             self._contexts.pop(req_context.req_id, None)
+            self._prefetch_from.pop(req_context.req_id, None)
+            self._forget(req_context.req_id)
+
+        reset_cache = manager.reset_cache
+
+        def clearing_reset_cache() -> Any:
+            self._policy.on_tier_cleared()
+            return reset_cache()
 
         manager.on_new_request = tracking_on_new_request  # type: ignore[method-assign]
+        manager.reset_cache = clearing_reset_cache  # type: ignore[method-assign]
         manager.prepare_store = filtering_prepare_store  # type: ignore[method-assign]
         manager.on_request_finished = releasing_on_request_finished  # type: ignore[method-assign]
+
+    def _note_stored(self, keys: Collection[OffloadKey], req_context: ReqContext,
+                     evicted_keys: Iterable[OffloadKey]) -> None:
+        # Store-ahead offers a request's full blocks in order, so its stored prefix grows block
+        # by block while nothing of it is evicted; a block after a hole extends nothing. Blocks
+        # before its first offer were prefix hits, held by the device cache or already stored.
+        req_id, chunk = req_context.req_id, self._tokens_per_chunk
+        end = self._stored_tokens.get(req_id)
+        owned = self._owned_keys.setdefault(req_id, [])
+        for key in keys:
+            position = req_context.get_offload_key_position(key)
+            if position is None:
+                continue
+            self._owners[key] = (req_id, position)
+            owned.append(key)
+            if end is None:
+                end = position - chunk
+            if position - chunk <= end:
+                end = max(end, position)
+        if end is not None:
+            self._set_stored(req_id, end)
+        for key in evicted_keys:
+            owner = self._owners.pop(key, None)
+            if owner is not None:
+                # The prefix now ends where the evicted block begins.
+                victim, position = owner
+                self._set_stored(victim, min(self._stored_tokens.get(victim, 0), position - self._tokens_per_chunk))
+
+    def _set_stored(self, req_id: str, num_tokens: int) -> None:
+        num_tokens = max(num_tokens, 0)
+        if self._stored_tokens.get(req_id) != num_tokens:
+            self._stored_tokens[req_id] = num_tokens
+            self._policy.on_kv_stored(req_id, num_tokens)
+
+    def _forget(self, req_id: str) -> None:
+        self._stored_tokens.pop(req_id, None)
+        for key in self._owned_keys.pop(req_id, ()):
+            if self._owners.get(key, (None,))[0] == req_id:
+                del self._owners[key]
 
     @staticmethod
     def _wrap_connector(connector: Any, policy: RestorePolicy, kv_bytes_per_token: float) -> None:
@@ -359,10 +451,49 @@ class TierHooks:
                 kv_cache_config: KVCacheConfig) -> TierHooks | None:
         """Hooks on the first OffloadingConnector among ``connector`` (or a MultiConnector's parts)."""
         for part in _connector_parts(connector):
-            manager = getattr(getattr(part, "connector_scheduler", None), "manager", None)
+            connector_scheduler = getattr(part, "connector_scheduler", None)
+            manager = getattr(connector_scheduler, "manager", None)
             if isinstance(manager, OffloadingManager):
-                return cls(part, manager, policy, kv_bytes_per_token(kv_cache_config))
+                group = connector_scheduler.config.kv_group_configs[0]
+                return cls(part, manager, policy, kv_bytes_per_token(kv_cache_config), group)
         return None
+
+    def prefetch(self, requests: Iterable[Request]) -> list[Request]:
+        """Looks each request's prompt up in the tier, chunk by chunk until a miss, as the
+        connector will when the request's turn comes: a staged manager answers "ask again" while
+        it checks a slower tier, then starts moving the chunk up to the fastest, then finds it
+        there, so a request is looked up step after step until its chunks are all ready (or
+        missing). Returns the requests for which that is done. Chunks found ready are not looked
+        up again."""
+        ready = []
+        for request in requests:
+            context = self._contexts.get(request.request_id)
+            if context is None:
+                ready.append(request)
+                continue
+            step = self._hashes_per_chunk
+            keys = request.block_hashes[step - 1::step]
+            first = self._prefetch_from.get(request.request_id, 0)
+            pending = False
+            for i in range(first, len(keys)):
+                self.num_prefetch_lookups += 1
+                result = self._manager.lookup(make_offload_key(keys[i], self._group_idx), context)
+                if result == LookupResult.MISS:
+                    break
+                if result == LookupResult.HIT and not pending:
+                    first = i + 1
+                    self.num_prefetched_blocks += step
+                else:
+                    pending = True  # keep going: the manager starts its checks along the way
+            self._prefetch_from[request.request_id] = first
+            if not pending:
+                ready.append(request)
+                self._prefetch_from.pop(request.request_id, None)
+        return ready
+
+    def stored_tokens(self, req_id: str) -> int:
+        """The end of the request's stored prefix as the hooks have seen it (0: nothing stored)."""
+        return self._stored_tokens.get(req_id, 0)
 
     def mark_never_reusable(self, req_id: str, from_token: int) -> None:
         context = self._contexts.get(req_id)

@@ -64,11 +64,16 @@ def _wall_clock_ms() -> float:
 
 
 class CoreRestorePolicy:
-    """The core's restore-or-recompute choice for the connector's tier, in vLLM's terms."""
+    """The core's restore-or-recompute choice for the connector's tier, in vLLM's terms; what the
+    tier holds — of each request, and which blocks for the prefix index — reaches the core once
+    per step (``flush``)."""
 
-    def __init__(self, core: Meridian) -> None:
+    def __init__(self, core: Meridian, requests: dict[str, Request]) -> None:
         self._core = core
+        self._requests = requests
         self._tier = core.add_kv_tier(TierHooks.TIER_NAME)
+        self._stored: dict[str, int] = {}
+        self._block_events = convert.BlockEvents() if core.wants_block_events() else None
 
     def restore_tokens(self, request: Request, num_hit_tokens: int) -> int:
         handle = getattr(request, HANDLE_ATTR, None)
@@ -83,6 +88,35 @@ class CoreRestorePolicy:
 
     def on_kv_loaded(self, num_tokens: float, duration_s: float) -> None:
         self._core.on_kv_load(self._tier, round(num_tokens), duration_s * 1000.0)
+
+    def on_kv_stored(self, req_id: str, num_tokens: int) -> None:
+        self._stored[req_id] = num_tokens
+
+    def on_tier_blocks(self, stored_hashes: list[bytes], removed_hashes: list[bytes]) -> None:
+        if self._block_events is not None:
+            self._block_events.removed(removed_hashes)
+            self._block_events.stored(stored_hashes)
+
+    def on_tier_cleared(self) -> None:
+        if self._block_events is not None:
+            self._block_events.cleared()
+
+    def flush(self) -> None:
+        """Hands the core what the tier came to hold since the last step."""
+        if self._block_events:
+            ops, hashes = self._block_events.take()
+            self._core.on_block_events(self._tier, ops, hashes, convert.HASH_KEY_BYTES)
+        if not self._stored:
+            return
+        handles, counts = [], []
+        for req_id, num_tokens in self._stored.items():
+            handle = getattr(self._requests.get(req_id), HANDLE_ATTR, None)
+            if handle is not None:  # gone, or pending rejection: nothing to tell
+                handles.append(handle)
+                counts.append(num_tokens)
+        self._stored.clear()
+        if handles:
+            self._core.on_kv_stored_batch(self._tier, handles, counts)
 
 
 class MeridianScheduler(AsyncScheduler):
@@ -122,8 +156,14 @@ class MeridianScheduler(AsyncScheduler):
         self._bus = SchedulerEndpoint() if processor_configured(self.vllm_config) else None
         self._install_queues()
         #: Meridian's eviction order on an OffloadingConnector's tier, when one is configured.
-        self.kv_tier = (None if self.connector is None else
-                        TierHooks.install(self.connector, CoreRestorePolicy(self.meridian), self.kv_cache_config))
+        tier_policy = None if self.connector is None else CoreRestorePolicy(self.meridian, self.requests)
+        self.kv_tier = (None if tier_policy is None else
+                        TierHooks.install(self.connector, tier_policy, self.kv_cache_config))
+        self._tier_policy = tier_policy if self.kv_tier is not None else None
+        if self.kv_tier is not None and self.kv_tier.staged:
+            self.meridian.add_kv_tier(TierHooks.TIER_NAME, staged=True)
+        #: The device cache's block events for the core's prefix index, when it wants them.
+        self._device_events = self._tee_device_events()
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 
@@ -148,6 +188,8 @@ class MeridianScheduler(AsyncScheduler):
             self._reject(request, str(exc))
             return
         setattr(request, HANDLE_ATTR, handle)
+        if self._device_events is not None and request.block_hashes:
+            self.meridian.set_block_hashes(handle, convert.block_hash_keys(request.block_hashes), convert.HASH_KEY_BYTES)
         self._stamp_worker_args(request, slo_class)
         super().add_request(request)
 
@@ -155,6 +197,8 @@ class MeridianScheduler(AsyncScheduler):
         started = time.perf_counter()
         self._take_thinking_stops()
         self._add_probes()
+        if self._tier_policy is not None:
+            self._tier_policy.flush()
         plan = self.meridian.plan_step(
             self.clock_ms(),
             [getattr(r, HANDLE_ATTR) for r in self.running],
@@ -168,6 +212,10 @@ class MeridianScheduler(AsyncScheduler):
         # Held requests sit the step out: vLLM only schedules (and only preempts) what is in
         # `running`, so they keep their KV and rejoin at the back right after.
         self.running = [r for i in plan.running_order if id(r := running[i]) not in set_aside]
+        if plan.prefetch and self.kv_tier is not None:
+            waiting = list(self.waiting)
+            ready = self.kv_tier.prefetch(waiting[i] for i in plan.prefetch)
+            self.meridian.on_prefetched([getattr(r, HANDLE_ATTR) for r in ready])
         self.waiting.apply_plan(plan.waiting_order, plan.num_admissible)
         self._preempt_on_arrival(victims, plan.num_admissible)
         self.max_num_scheduled_tokens = plan.token_budget
@@ -230,6 +278,28 @@ class MeridianScheduler(AsyncScheduler):
         return super()._free_request(request, *args, **kwargs)
 
     # ---- translation steps ----------------------------------------------------------------
+
+    def _tee_device_events(self) -> convert.BlockEvents | None:
+        """Has vLLM's block pool record its KV cache events (``BlockStored``/``BlockRemoved``, as
+        for ``--kv-events-config``) and passes them to the core's prefix index each step; the
+        operator's own KV event publishing sees them exactly as before (none, when it is off)."""
+        if not (self.cache_config.enable_prefix_caching and self.meridian.wants_block_events()):
+            return None
+        manager, events = self.kv_cache_manager, convert.BlockEvents()
+        publishing = manager.block_pool.enable_kv_cache_events
+        manager.block_pool.enable_kv_cache_events = True
+        take_events = manager.take_events
+
+        def teeing_take_events() -> list[Any]:
+            taken = take_events()
+            convert.device_block_events(taken, events)
+            if events:
+                ops, hashes = events.take()
+                self.meridian.on_block_events(None, ops, hashes, convert.HASH_KEY_BYTES)
+            return taken if publishing else []
+
+        manager.take_events = teeing_take_events  # type: ignore[method-assign]
+        return events
 
     def _install_queues(self) -> None:
         # The core orders everything and its victim is running[-1]; vLLM's priority heap and

@@ -920,6 +920,23 @@ fn a_waiting_request_of_a_higher_class_preempts_lower_class_thinking_on_arrival(
 }
 
 #[test]
+fn an_arrival_victim_whose_kv_a_tier_holds_costs_only_its_load() {
+    // As above, but `long`'s 3,000 tokens are in a host tier that loads them at 0.0001 ms a
+    // token (a 0.3 ms load against a 84 ms recompute): preempting it now costs less than
+    // preempting `short`, whose 16 tokens no tier holds.
+    let mut core = engine_with_seats(r#"{"kv_tier": {"load_ms_per_token": 0.0001, "online_fit": false}}"#, 2);
+    let host = core.add_kv_tier("host", false).unwrap();
+    let old = add_class(&mut core, "long", 0.0, 3000, Some("batch"));
+    let young = add_class(&mut core, "short", 0.0, 16, Some("batch"));
+    think(&mut core, 10.0, old, 10);
+    think(&mut core, 10.0, young, 10);
+    core.on_kv_stored(old, host, 3000).unwrap();
+    let urgent = add_class(&mut core, "urgent", 100.0, 16, Some("interactive"));
+    let plan = core.plan_step(700.0, &[old, young], &[urgent], 1000).unwrap();
+    assert_eq!(plan.preempt, vec![0], "the stored one yields");
+}
+
+#[test]
 fn arrival_preemption_spares_answers_equals_and_the_disabled() {
     // Answering lower-class requests are never preempted on arrival.
     let mut core = engine_with_seats("{}", 1);
