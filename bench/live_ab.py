@@ -32,7 +32,6 @@ import os
 import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,13 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
 
 from meridian.demo.loadgen import (  # noqa: E402
-    LIVE_MODELS, RecordTimes, RoundSettings, Workload, find_aiperf, outputs_by_prompt, run_round,
+    RecordTimes,
+    RoundSettings,
+    Workload,
+    add_round_arguments,
+    outputs_by_prompt,
+    round_settings,
+    run_round,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -178,39 +183,21 @@ def print_summary(result: dict[str, Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=sorted(LIVE_MODELS), default="tiny")
+    add_round_arguments(parser)
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens (default: the model's)")
-    parser.add_argument("--rate", type=float, default=None, help="arrivals per second (Poisson, seeded; default: the model's)")
-    parser.add_argument("--requests", type=int, default=None, help="default: the model's")
     parser.add_argument("--sweep", type=lambda s: [float(x) for x in s.split(",")], default=None,
                         help="comma-separated rates: a stock-only saturation sweep instead of the A/B")
     parser.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=True,
                         help="the two untimed rounds that compare greedy outputs")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed requests before each round")
-    parser.add_argument("--cooldown-s", type=float, default=5.0)
-    parser.add_argument("--workers", type=int, default=2, help="aiperf's --workers-max")
-    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
-    parser.add_argument("--timeout-s", type=float, default=900.0)
     parser.add_argument("--meridian-config", type=json.loads, default={},
                         help="JSON merged into Meridian's config, e.g. '{\"answer_kv_reserve\": false}'")
-    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     try:
-        aiperf = find_aiperf(REPO)
+        settings = round_settings(args, REPO, "live_ab", meridian_config=args.meridian_config)
     except FileNotFoundError as e:
         print(e, file=sys.stderr)
         return 2
-    model = LIVE_MODELS[args.model]
-    if args.kv_cache_tokens is not None:
-        model = dataclasses.replace(model, kv_cache_tokens=args.kv_cache_tokens)
-    args.rate = model.rate_rps if args.rate is None else args.rate
-    args.requests = model.num_requests if args.requests is None else args.requests
-    args.out = args.out or REPO / "bench" / "results" / f"live_ab_{args.model}_{time.strftime('%Y-%m-%d')}"
-    args.out.mkdir(parents=True, exist_ok=True)
-    settings = RoundSettings(model=model, repo=REPO, cache_dir=REPO / ".cache", aiperf=aiperf, pin=args.pin,
-                             cooldown_s=args.cooldown_s, warmup=args.warmup, workers=args.workers,
-                             timeout_s=args.timeout_s, meridian_config=args.meridian_config)
+    model = settings.model
     result = run_sweep(args, settings) if args.sweep else run_ab(args, settings)
     if not args.sweep:
         print_summary(result)

@@ -134,7 +134,9 @@ def test_a_replay_with_the_host_tier_states_it(tmp_path: Path, capsys: pytest.Ca
     payload = json.loads(out.read_text())
     assert payload["workload"]["host_tier"]["num_blocks"] == 16 * 2**30 // (147456 * 16)
     assert set(payload["policies"]["vllm-fcfs"]["kv_tier"]) == {"loads", "loaded_tokens", "restored_resumes", "restore_plans",
-                                                               "stored_preemptions", "stored_restored_resumes"}
+                                                               "stored_preemptions", "stored_restored_resumes",
+                                                               "resumes", "resumed_tokens", "resumed_device_hit_tokens",
+                                                               "resumed_tier_hit_tokens"}
     assert set(payload["policies"]["vllm-fcfs"]["prefix_cache"]) == {"queries", "hits", "hit_rate"}
 
 

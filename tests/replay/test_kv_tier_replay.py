@@ -67,6 +67,9 @@ def test_stock_vllm_restores_every_preempted_request_from_the_tier(tmp_path: Pat
     run = tiered.run
     assert run.num_restored_resumes == sum(preempted.values()), (run.num_restored_resumes, preempted)
     assert run.num_stored_restored_resumes == run.num_stored_preemptions == sum(preempted.values())
+    # vLLM's own count of the resumed requests' tokens: all but the last block's come back.
+    assert run.num_resumes == sum(preempted.values()) and without.run.resumed_tier_hit_tokens == 0
+    assert 0 < run.resumed_tier_hit_tokens + run.resumed_device_hit_tokens <= run.resumed_tokens
     assert run.num_tier_loaded_tokens >= 16 * run.num_tier_loads > 0
     # Restoring instead of recomputing: less device time for the same tokens.
     assert run.device_busy_ms < without.run.device_busy_ms

@@ -339,6 +339,9 @@ fn pack_exact((group, primary, tie): OrderKey, position: u32) -> u128 {
     u128::from(head) << 64 | u128::from(tie) << 32 | u128::from(position)
 }
 
+/// Waiting requests at the head of the order that prefix-aware admission orders again.
+pub const PREFIX_AFFINITY_WINDOW: usize = 64;
+
 /// Unmet steps are remembered at most this long (a shim that never reports outputs cannot grow
 /// memory without bound).
 const MAX_PENDING_STEPS: usize = 64;
@@ -799,11 +802,32 @@ impl Meridian {
     }
 
     fn order_waiting(&mut self, now_ms: f64, waiting: &[ReqHandle], step_ms: f64) -> Vec<u32> {
-        self.order_by(
+        let mut order = self.order_by(
             waiting,
             #[inline(always)]
-            |core, h| core.waiting_key(now_ms, h, step_ms),
-        )
+            |core, h| core.waiting_key(now_ms, h, step_ms, false),
+        );
+        self.rerank_by_prefix(now_ms, waiting, &mut order, step_ms);
+        order
+    }
+
+    /// Prefix-aware admission on the head of the waiting order: the first
+    /// [`PREFIX_AFFINITY_WINDOW`] entries (those that can be admitted soon) are ordered again with
+    /// the cached-prefix part of their keys ([`Self::affinity_key`]), a stable sort, so the rest of
+    /// the queue keeps its order and the cost stays bounded whatever the queue's length (SGLang's
+    /// longest-prefix-match likewise falls back to FCFS on long queues).
+    fn rerank_by_prefix(&self, now_ms: f64, waiting: &[ReqHandle], order: &mut [u32], step_ms: f64) {
+        if !self.wants_block_events() || self.prefix_index.is_empty() {
+            return;
+        }
+        let window = order.len().min(PREFIX_AFFINITY_WINDOW);
+        let head = &mut order[..window];
+        let mut keyed: Vec<(OrderKey, u32)> =
+            head.iter().map(|&i| (self.waiting_key(now_ms, waiting[i as usize], step_ms, true), i)).collect();
+        keyed.sort_by_key(|&(key, _)| (key.0, key.1));
+        for (slot, (_, i)) in head.iter_mut().zip(keyed) {
+            *slot = i;
+        }
     }
 
     fn order_by(&mut self, handles: &[ReqHandle], key: impl Fn(&Self, ReqHandle) -> OrderKey) -> Vec<u32> {
@@ -973,7 +997,7 @@ impl Meridian {
     /// earliest-deadline-first: under overload the late requests would take the capacity and
     /// make everyone late (EDF collapse). Among late requests at the bound, the oldest goes first.
     #[inline(always)]
-    fn waiting_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
+    fn waiting_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64, with_affinity: bool) -> OrderKey {
         let r = self.hot(handle);
         match self.config.policy {
             Policy::Meridian => {}
@@ -1008,7 +1032,7 @@ impl Meridian {
         }
         let rank = self.class_table[r.class.index()].1;
         let aged_rank = u64::from(rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8));
-        if let Some(affinity) = self.affinity_key(r, &targets, slack_ms) {
+        if let Some(affinity) = with_affinity.then(|| self.affinity_key(r, &targets, slack_ms)).flatten() {
             // Within the rank: requests within their slack guard by slack, then the others with
             // the longest cached prefix first, by slack among equals.
             let primary = aged_rank << 56 | affinity << 50 | sortable(slack_ms) >> 14;

@@ -17,6 +17,8 @@ scheduler's, the same dataset file, the same placement, and are measured by one 
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import random
@@ -397,6 +399,11 @@ class RoundSettings:
     meridian_config: dict[str, Any] | None = None
     #: Untimed: aiperf's raw export on, for the generated text (``outputs_by_prompt``).
     raw: bool = False
+    #: ``vllm serve`` arguments after ``server_args``' (e.g. ``--kv-transfer-config``), for either policy.
+    extra_server_args: tuple[str, ...] = ()
+    #: Samples of ``/metrics`` (e.g. ``vllm:kv_offload_load_bytes_total``) read just before the
+    #: timed load and once settled after it; the row's ``server_metrics`` holds their increase.
+    server_metrics: tuple[str, ...] = ()
 
 
 def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundSettings,
@@ -411,7 +418,7 @@ def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundS
     for log in (step_log, request_log):
         log.unlink(missing_ok=True)
     args = server_args(policy, settings.model, settings.repo, step_log=step_log, request_log=request_log,
-                       meridian_config=settings.meridian_config)
+                       meridian_config=settings.meridian_config) + list(settings.extra_server_args)
     on_phase("starting the server")
     with VllmServer(model_path, args, log_path=out / f"serve-{name}.log", cache_dir=settings.cache_dir) as srv:
         placement = pin(srv) if settings.pin else None
@@ -428,6 +435,7 @@ def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundS
                              goodput=settings.model.classes[0], raw=settings.raw)
         if placement is not None:
             cmd = ["taskset", "-c", ",".join(map(str, placement["front_cpus"])), *cmd]
+        metrics_before = metric_sums(srv.base_url, settings.server_metrics) if settings.server_metrics else {}
         on_phase("load")
         started = time.monotonic()
         busy = CpuBusy()
@@ -437,11 +445,14 @@ def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundS
             raise RuntimeError(f"aiperf exited with {returncode}; log: {out / f'aiperf-{name}.log'}")
         wall_s = time.monotonic() - started
         preemptions = metric_sum(srv.base_url, "vllm:num_preemptions_total")
+        metrics_after = settled_metric_sums(srv.base_url, settings.server_metrics) if settings.server_metrics else {}
         speed_after_ms = speed_probe_ms(engine_cpus)
         row, records = read_export(artifacts, settings.model.classes)
         row.update({"policy": policy, "wall_s": wall_s, "placement": placement,
                     "preemptions": preemptions, "cpu_busy_pct": busy.mean(),
                     "speed_probe_ms": {"before": speed_before_ms, "after": speed_after_ms}})
+        if settings.server_metrics:
+            row["server_metrics"] = {name: metrics_after[name] - metrics_before[name] for name in settings.server_metrics}
     row["meridian_cost"] = meridian_cost(step_log)
     row["preemptions_by_phase"] = preemptions_by_phase(request_log)
     return row, records
@@ -526,12 +537,35 @@ def run_logged(cmd: list[str], log_path: Path, timeout_s: float, tick: Callable[
 def metric_sum(base_url: str, sample_name: str) -> float:
     """The sum of one sample (e.g. ``vllm:num_preemptions_total``) over its label sets on a vLLM
     server's ``/metrics``, read with prometheus-client's parser."""
+    return metric_sums(base_url, [sample_name])[sample_name]
+
+
+def metric_sums(base_url: str, sample_names: Iterable[str]) -> dict[str, float]:
+    """``metric_sum`` of several samples from one read of ``/metrics`` (0 for a sample not there)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
+    sums = dict.fromkeys(sample_names, 0.0)
     text = httpx.get(f"{base_url}/metrics", timeout=10.0).text
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples if sample.name == sample_name)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in sums:
+                sums[sample.name] += sample.value
+    return sums
+
+
+def settled_metric_sums(base_url: str, sample_names: Iterable[str], timeout_s: float = 10.0) -> dict[str, float]:
+    """``metric_sums`` once the engine's last stats have reached the API server's registry: read
+    until two reads a second apart agree (or ``timeout_s`` has passed)."""
+    names = list(sample_names)
+    deadline, last = time.monotonic() + timeout_s, metric_sums(base_url, names)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = metric_sums(base_url, names)
+        if now == last:
+            break
+        last = now
+    return last
 
 
 def meridian_cost(step_log: Path) -> dict[str, float] | None:
@@ -557,3 +591,35 @@ def preemptions_by_phase(request_log: Path) -> dict[str, int] | None:
         return None
     ledger = [json.loads(line) for line in request_log.read_text().splitlines() if line.strip()]
     return {phase: sum(int(e[f"num_preemptions_{phase}"]) for e in ledger) for phase in ("prefill", "think", "answer")}
+
+
+def add_round_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every live benchmark shares: the model and its KV cache, the load, and how the
+    rounds run."""
+    parser.add_argument("--model", choices=sorted(LIVE_MODELS), default="tiny")
+    parser.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens (default: the model's)")
+    parser.add_argument("--rate", type=float, default=None, help="arrivals per second (Poisson, seeded; default: the model's)")
+    parser.add_argument("--requests", type=int, default=None, help="default: the model's")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed requests before each round")
+    parser.add_argument("--cooldown-s", type=float, default=5.0)
+    parser.add_argument("--workers", type=int, default=2, help="aiperf's --workers-max")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
+    parser.add_argument("--timeout-s", type=float, default=900.0)
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: bench/results/<bench>_<model>_<date>)")
+
+
+def round_settings(args: argparse.Namespace, repo: Path, bench: str, **extra: Any) -> RoundSettings:
+    """The rounds' settings from ``add_round_arguments``' options; fills in ``args.rate``,
+    ``args.requests`` and ``args.out`` (created) from the model's defaults. Raises
+    ``FileNotFoundError`` when aiperf is not installed."""
+    aiperf = find_aiperf(repo)
+    model = LIVE_MODELS[args.model]
+    if args.kv_cache_tokens is not None:
+        model = dataclasses.replace(model, kv_cache_tokens=args.kv_cache_tokens)
+    args.rate = model.rate_rps if args.rate is None else args.rate
+    args.requests = model.num_requests if args.requests is None else args.requests
+    args.out = args.out or repo / "bench" / "results" / f"{bench}_{args.model}_{time.strftime('%Y-%m-%d')}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    return RoundSettings(model=model, repo=repo, cache_dir=repo / ".cache", aiperf=aiperf, pin=args.pin,
+                         cooldown_s=args.cooldown_s, warmup=args.warmup, workers=args.workers,
+                         timeout_s=args.timeout_s, **extra)

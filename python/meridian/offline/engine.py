@@ -381,6 +381,12 @@ class EngineRun:
     #: prompt tokens looked up and found cached, requests resuming from a preemption left out).
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
+    #: Requests resuming from a preemption (vLLM's ``preempted_*`` prefix-cache statistics): their
+    #: tokens at readmission, those found in the device cache, those a KV tier supplied.
+    num_resumes: int = 0
+    resumed_tokens: int = 0
+    resumed_device_hit_tokens: int = 0
+    resumed_tier_hit_tokens: int = 0
 
     @property
     def reports(self) -> list[FinishedRequest]:
@@ -550,11 +556,20 @@ class OfflineEngine:
             self._finish(req_id, reason)
 
     def _count_prefix_cache(self, batches: Any) -> None:
+        result = self.result
         for batch in batches:
-            stats = batch.scheduler_stats.prefix_cache_stats if batch.scheduler_stats is not None else None
-            if stats is not None:
-                self.result.prefix_cache_queries += stats.queries
-                self.result.prefix_cache_hits += stats.hits
+            if batch.scheduler_stats is None:
+                continue
+            local = batch.scheduler_stats.prefix_cache_stats
+            if local is not None:
+                result.prefix_cache_queries += local.queries
+                result.prefix_cache_hits += local.hits
+                result.num_resumes += local.preempted_requests
+                result.resumed_tokens += local.preempted_queries
+                result.resumed_device_hit_tokens += local.preempted_hits
+            tier = batch.scheduler_stats.connector_prefix_cache_stats
+            if tier is not None:
+                result.resumed_tier_hit_tokens += tier.preempted_hits
 
     def _count_loads(self, output: Any) -> None:
         assert self.tier_link is not None

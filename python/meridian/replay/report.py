@@ -54,7 +54,10 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         kv_tier={"loads": run.num_tier_loads, "loaded_tokens": run.num_tier_loaded_tokens,
                  "restored_resumes": run.num_restored_resumes, "restore_plans": run.restore_counters,
                  "stored_preemptions": run.num_stored_preemptions,
-                 "stored_restored_resumes": run.num_stored_restored_resumes},
+                 "stored_restored_resumes": run.num_stored_restored_resumes,
+                 "resumes": run.num_resumes, "resumed_tokens": run.resumed_tokens,
+                 "resumed_device_hit_tokens": run.resumed_device_hit_tokens,
+                 "resumed_tier_hit_tokens": run.resumed_tier_hit_tokens},
         prefix_cache={"queries": run.prefix_cache_queries, "hits": run.prefix_cache_hits,
                       "hit_rate": run.prefix_cache_hits / run.prefix_cache_queries if run.prefix_cache_queries else None},
     )

@@ -21,7 +21,11 @@ manager then never stores those blocks in the request's final store pass, and
 puts those already stored at the front of the eviction order instead of the back. ``TierHooks``
 also puts the core's restore-or-recompute choice between vLLM's scheduler and the connector's
 lookup (a hit the core prices dearer than its recompute is reported as no hit, so vLLM
-recomputes it) and feeds the core the connector's own load timings. Invariants: a
+recomputes it), feeds the core the connector's own load timings, what the tier holds of each
+live request (the victim choice counts a stored prefix as work a preemption does not lose) and
+which blocks it stores and evicts (the core's prefix index), and, with vLLM's tiering spec,
+looks up the prefixes of the requests the core names next in line (prefetch: the spec moves
+blocks up from its slower tiers when a lookup finds them there). Invariants: a
 transfer is complete when ``submit_*`` returns (the copies are synchronous), so ``get_finished``
 reports every submitted job exactly once (complete: a block that did not arrive is reported
 through ``MeridianOffloadingConnector`` instead, and a chunk whose store failed is never loaded)

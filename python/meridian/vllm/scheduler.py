@@ -3,10 +3,11 @@
 Selected with ``--scheduler-cls meridian.vllm.MeridianScheduler``. Before each
 ``super().schedule()`` it hands the core the handles of ``running`` and ``waiting`` and applies
 the plan: the order of ``running`` (budget goes to the front; under FCFS the victim is
-``running[-1]``), the order and admission gate of the waiting queue, and the step's token budget.
-After ``update_from_output`` it reports tokens, preemptions and step times. When a reasoning
-request finishes it evicts the blocks the core reports as never reusable before vLLM frees the
-rest. Everything vLLM does itself (chunked prefill, prefix caching, spec decode, structured
+``running[-1]``), the order and admission gate of the waiting queue, the step's token budget and
+the KV tier lookups it wants ahead of time (prefetch). After ``update_from_output`` it reports
+tokens, preemptions and step times, and hands the core's prefix index the block pool's KV cache
+events (and each new request's prompt block hashes). When a reasoning request finishes it evicts
+the blocks the core reports as never reusable before vLLM frees the rest. Everything vLLM does itself (chunked prefill, prefix caching, spec decode, structured
 output, KV connectors) keeps working. Invariant: every request vLLM holds is either tracked by the
 core (its handle stored on the request) or pending rejection; the shim decides nothing itself.
 """

@@ -72,6 +72,7 @@ impl Meridian {
         if !self.wants_block_events() || self.prefix_index.is_empty() {
             return None;
         }
+        // Within its guard a request keeps its least-slack-first place.
         if slack_ms < rule.slack_guard_ttft_factor * targets.ttft_ms {
             return Some(0);
         }
@@ -108,17 +109,8 @@ mod tests {
     use crate::config::Config;
     use crate::kv_tier::TierId;
     use crate::prefix_index::Medium;
-    use crate::{EngineLimits, Meridian, NewRequest, ReasoningMarkers, ReqHandle};
-
-    fn core(config: &str) -> Meridian {
-        let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 2048, max_num_seqs: 64 };
-        Meridian::new(
-            Config::from_json(config).unwrap(),
-            limits,
-            ReasoningMarkers::new(vec![1], vec![2], vec![]),
-        )
-        .unwrap()
-    }
+    use crate::scheduler::tiers::tests::core;
+    use crate::{Meridian, NewRequest, ReqHandle};
 
     /// A waiting request of the default class (TTFT target 3 s: guard 1.5 s) with a 64-token
     /// prompt whose four blocks hash to `first..first + 4`.

@@ -129,12 +129,13 @@ impl Meridian {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use crate::config::Config;
     use crate::kv_tier::TierSpan;
     use crate::{EngineLimits, Meridian, NewRequest, ReasoningMarkers};
 
-    fn core(config: &str) -> Meridian {
+    /// A core with 16-token blocks, markers 1 (start) and 2 (end), and `config`.
+    pub(in crate::scheduler) fn core(config: &str) -> Meridian {
         let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 2048, max_num_seqs: 64 };
         Meridian::new(
             Config::from_json(config).unwrap(),
