@@ -167,8 +167,9 @@ def run(name: str, factors: list[float], start_s: float | None, duration_s: floa
             if duration_s is not None:
                 options = replace(options, duration_s=duration_s)
         rows = {label: run_variant(options, scale, variant) for label, variant in VARIANTS.items()}
-        print(f"\n=== {name} ×{scale:.4g} (FCFS ~50 % load × {factor:g}), profile {options.profile}, "
-              f"window {options.start_s:g} s + {options.duration_s:g} s")
+        window = "" if options.duration_s is None else f", window {options.start_s:g} s + {options.duration_s:g} s"
+        load = f"share {MULTITURN_HALF_LOAD * factor:g}" if name == "multiturn" else f"×{scale:.4g}"
+        print(f"\n=== {name} {load} (FCFS ~50 % load × {factor:g}), profile {options.profile}{window}")
         print(f"{'policy':<26} {'hit rate':>8} {'hit tokens':>13} {'goodput/s':>9} {'×fcfs':>6} "
               f"{'TTFT p50':>8} {'TTFT p99':>8} {'TTFAT p99':>9} {'tok/s':>8}   (latencies in s)")
         for label, summary in rows.items():

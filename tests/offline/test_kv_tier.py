@@ -357,3 +357,36 @@ def test_the_policy_evicts_never_reusable_blocks_first() -> None:
     stock = LRUCachePolicy(cache_capacity=12)
     keys, _ = fill(stock)
     assert [k for k, _ in stock.evict(3, protected=set()) or []] == keys[:3]
+
+
+def test_a_live_request_s_blocks_stay_until_it_finishes() -> None:
+    """On vLLM's own policy classes: LRU would evict a running request's oldest blocks — its
+    first ones, without which the connector restores nothing of it — before another's newer
+    ones; the blocks a request Meridian keeps (``KeepWhileLive``) stored stay until it finishes,
+    and then are ordinary LRU blocks again. A request without the state is vLLM's plain LRU."""
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.cpu.policies.base import ChunkStatus
+
+    from meridian.vllm.kvtier import KeepWhileLive, NeverReusableFirstLRU
+
+    def store(policy: NeverReusableFirstLRU, context: ReqContext, keys: list[Any], first_chunk: int) -> None:
+        policy.on_store_miss(keys, context)
+        for i, key in enumerate(keys):
+            chunk = ChunkStatus(chunk_id=first_chunk + i)
+            chunk.ref_cnt = 0
+            policy.insert(key, chunk)
+
+    keys = [make_offload_key(bytes([i]) * 8, 0) for i in range(6)]
+    for kept in (True, False):
+        policy = NeverReusableFirstLRU(cache_capacity=6)
+        running, other = ReqContext(req_id="running"), ReqContext(req_id="other")
+        if kept:
+            running.set_state(KeepWhileLive())
+        store(policy, running, keys[:3], 0)  # the running request's first blocks: the oldest
+        store(policy, other, keys[3:], 3)
+        evicted = [k for k, _ in policy.evict(2, protected=set()) or []]
+        assert evicted == (keys[3:5] if kept else keys[:2])
+        if kept:
+            assert policy.evict(2, protected=set()) is None, "only kept blocks are left but one"
+            policy.on_request_finished([keys[:3]], set(keys[:3]), set(), running)
+            assert [k for k, _ in policy.evict(2, protected=set()) or []] == [keys[5], keys[2]]
