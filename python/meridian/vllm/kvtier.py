@@ -250,16 +250,6 @@ class KeepWhileLive:
     until it finishes."""
 
 
-class _EitherSet:
-    """Membership in either of two sets, without building their union (eviction only asks ``in``)."""
-
-    def __init__(self, first: set[OffloadKey], second: set[OffloadKey]) -> None:
-        self._first, self._second = first, second
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._first or key in self._second
-
-
 class NeverReusableFirstLRU(LRUCachePolicy):
     """vLLM's LRU with Meridian's order: a finished request's never-reusable blocks go to the front
     of the eviction order instead of to the back (below every other block, earliest demoted first,
@@ -271,15 +261,19 @@ class NeverReusableFirstLRU(LRUCachePolicy):
     later blocks were all stored recomputed everything). What it holds back is bounded by the KV of
     the requests in flight; when nothing else can go, a store fails and vLLM retries it later. A
     request is kept only when its ``ReqContext`` carries ``KeepWhileLive`` (``TierHooks`` sets it),
-    so under vLLM's own scheduler the order is vLLM's LRU."""
+    so under vLLM's own scheduler the order is vLLM's LRU. A kept block is never in LRU's evictable
+    heap (eviction would have to step over every kept block at its front on every call); its
+    request's finish hands it back to LRU."""
 
     def __init__(self, cache_capacity: int):
         super().__init__(cache_capacity)
         # Ordinary ranks count up from 1; demoted ones count up from far below them.
         self._next_low_rank = -(1 << 62)
-        #: Blocks live requests stored, per request and all together.
+        #: Blocks live requests stored, per request and all together; those of them LRU would
+        #: otherwise hold as evictable (stored, not being read).
         self._kept_by_request: dict[str, set[OffloadKey]] = {}
         self._kept: set[OffloadKey] = set()
+        self._kept_idle: set[OffloadKey] = set()
 
     def on_store_miss(self, keys: Iterable[OffloadKey], req_context: ReqContext) -> None:
         keys = list(keys)
@@ -288,23 +282,50 @@ class NeverReusableFirstLRU(LRUCachePolicy):
             self._kept_by_request.setdefault(req_context.req_id, set()).update(keys)
             self._kept.update(keys)
 
-    def evict(self, n: int, protected: set[OffloadKey]) -> list[tuple[OffloadKey, Any]] | None:
-        if not self._kept:
-            return super().evict(n, protected)
-        return super().evict(n, _EitherSet(protected, self._kept))  # type: ignore[arg-type]
+    def insert(self, key: OffloadKey, chunk: Any) -> None:
+        super().insert(key, chunk)
+        if key in self._kept and key in self._evictable:
+            self._hold(key)
+
+    def mark_evictable(self, key: OffloadKey) -> None:
+        if key in self._kept:
+            self._kept_idle.add(key)
+        else:
+            super().mark_evictable(key)
+
+    def mark_non_evictable(self, key: OffloadKey) -> None:
+        if key in self._kept_idle:
+            self._kept_idle.discard(key)
+        else:
+            super().mark_non_evictable(key)
 
     def remove(self, key: OffloadKey) -> None:
         super().remove(key)
         self._kept.discard(key)
+        self._kept_idle.discard(key)
 
     def clear(self) -> None:
         super().clear()
         self._kept_by_request.clear()
         self._kept.clear()
+        self._kept_idle.clear()
+
+    def _hold(self, key: OffloadKey) -> None:
+        # Out of the evictable set, its heap entry goes stale (LRU invalidates entries lazily).
+        self._evictable.discard(key)
+        self._kept_idle.add(key)
+
+    def _release(self, req_id: str) -> None:
+        for key in self._kept_by_request.pop(req_id, ()):
+            self._kept.discard(key)
+            if key in self._kept_idle:
+                self._kept_idle.discard(key)
+                self._evictable.add(key)
+                self._push_evictable(key)
 
     def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
                             reused_keys: set[OffloadKey], req_context: ReqContext) -> None:
-        self._kept.difference_update(self._kept_by_request.pop(req_context.req_id, ()))
+        self._release(req_context.req_id)
         rule = req_context.get_state(NeverReusable)
         if rule is None:
             super().on_request_finished(key_groups, insertion_only_keys, reused_keys, req_context)
