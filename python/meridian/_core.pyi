@@ -5,7 +5,7 @@ from typing import Final, Literal, final
 
 __all__ = [
     "__version__", "CLASS_ARG", "POLICY_NAMES", "THINKING_ARG", "THINKING_BUDGET_ARG",
-    "Config", "FinishedRequest", "Meridian", "RestorePlan", "StepPlan", "ThinkingControl", "ThinkingStream", "kernel_source",
+    "Config", "FinishedRequest", "Meridian", "RestorePlan", "StepPlan", "ThinkingControl", "ThinkingStream", "check_request_args", "kernel_source",
 ]
 __version__: str
 #: Request argument (``vllm_xargs`` / ``SamplingParams.extra_args``) naming the SLO class.
@@ -19,6 +19,10 @@ POLICY_NAMES: Final[tuple[str, ...]]
 
 def kernel_source(name: str) -> str:
     """Source of a bundled CUDA kernel file by name."""
+
+def check_request_args(args_json: str, config: Config | None) -> None:
+    """Checks a request's Meridian arguments (the JSON object of its request arguments) against
+    ``config`` (``None``: the class's type only); raises ``RequestArgsError`` naming the argument."""
 
 @final
 class Config:

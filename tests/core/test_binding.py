@@ -114,6 +114,21 @@ def test_each_core_error_maps_to_its_class() -> None:
         core.add_request("d", 0.0, [-1], 4, None, 0)
 
 
+def test_request_args_are_checked_by_the_core_against_the_configuration_given() -> None:
+    from meridian._core import check_request_args
+    from meridian.errors import RequestArgsError
+
+    defaults = Config.from_json("{}")
+    check_request_args('{"meridian_class": "batch", "meridian_thinking_budget_tokens": 8, "other": null}', defaults)
+    check_request_args('{"meridian_class": "gold"}', None)  # no configuration: the type only
+    with pytest.raises(RequestArgsError, match="`meridian_class`: unknown SLO class `gold`; configured classes: interactive"):
+        check_request_args('{"meridian_class": "gold"}', defaults)
+    with pytest.raises(RequestArgsError, match="`meridian_thinking_budget_tokens`: -3 must be a whole number"):
+        check_request_args('{"meridian_thinking_budget_tokens": -3}', None)
+    with pytest.raises(InvalidArgumentError, match="args_json"):
+        check_request_args("[]", None)
+
+
 def test_unknown_kernel_name_is_reported() -> None:
     with pytest.raises(InvalidArgumentError, match="no bundled kernel"):
         meridian._core.kernel_source("nope.cu")

@@ -87,7 +87,8 @@ def kv_pressure(server: VllmServer) -> tuple[float, float]:
 def test_concurrent_streaming_clients_get_their_own_outputs(server: VllmServer) -> None:
     burst(server)
     log = server.log()
-    assert "unknown SLO class `gold`" in log
+    # No --middleware here: the scheduler rejected it, and its log line names the argument.
+    assert "invalid request argument `meridian_class`: unknown SLO class `gold`" in log
     # Phases and the ledger, as the scheduler recorded them (the engine core is another process).
     time.sleep(0.5)
     entries = {tuple(map(int, (e["num_think_tokens"], e["num_answer_tokens"]))) for e in request_log(server)}

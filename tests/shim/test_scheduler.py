@@ -178,6 +178,38 @@ def test_unknown_class_fails_only_that_request(tiny_model: Path) -> None:
     assert scheduler.meridian.num_requests == 0 and not scheduler.has_requests()
 
 
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [({"meridian_class": "gold"}, "meridian_class"), ({"meridian_thinking_budget_tokens": -1}, "meridian_thinking_budget_tokens"),
+     ({"meridian_thinking": "on"}, "meridian_thinking")],
+)
+def test_the_scheduler_rejects_a_bad_request_argument_naming_it(
+    tiny_model: Path, extra: dict[str, Any], named: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What reaches the engine when no check in the API server saw it (a server without
+    # --middleware meridian.vllm.frontend.RequestArgsCheck): the request fails alone with
+    # finish reason `error`, the log names the argument, nothing is tracked.
+    from vllm import SamplingParams
+    from vllm.v1.engine import FinishReason
+    from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
+    from vllm.v1.request import Request, RequestStatus
+
+    from meridian.vllm import MeridianScheduler
+
+    scheduler = build_scheduler(MeridianScheduler, spec(tiny_model))
+    params = SamplingParams(max_tokens=8, extra_args=dict(extra))
+    request = Request(request_id="bad", prompt_token_ids=WORD_IDS[:8], sampling_params=params, pooling_params=None,
+                      arrival_time=0.0)
+    scheduler.add_request(request)
+    assert request.status == RequestStatus.FINISHED_ERROR
+    assert f"invalid request argument `{named}`" in caplog.text
+    assert scheduler.meridian.num_requests == 0
+    outputs = scheduler.update_from_output(scheduler.schedule(), EMPTY_MODEL_RUNNER_OUTPUT)
+    [error] = [o for batch in outputs.values() for o in batch.outputs]
+    assert (error.request_id, error.finish_reason, error.new_token_ids) == ("bad", FinishReason.ERROR, [])
+    assert not scheduler.has_requests()
+
+
 def test_bad_additional_config_stops_start_up_naming_the_key(tiny_model: Path) -> None:
     bad = {"meridian": {"classes": {"gold": {"ttft_ms": 1, "ttfat_ms": 1, "answer_tpot_ms": "fast", "rank": 0}}}}
     with pytest.raises(ConfigError, match="classes.gold.answer_tpot_ms"):

@@ -35,6 +35,7 @@ pub mod ledger;
 pub mod phase;
 pub mod predictor;
 pub mod prefix_index;
+pub mod request_args;
 pub mod scheduler;
 pub mod slo;
 pub mod step_model;
@@ -52,6 +53,7 @@ pub use ledger::{
 };
 pub use phase::{Phase, ReasoningMarkers, TokenKind};
 pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
+pub use request_args::check_request_args;
 pub use scheduler::{
     EngineLimits, FinishedRequest, Meridian, NewRequest, Preemption, ReqHandle, SchedulerStats, StepPlan,
 };

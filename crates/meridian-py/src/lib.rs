@@ -26,6 +26,16 @@ fn kernel_source(name: &str) -> PyResult<&'static str> {
     })
 }
 
+/// Checks a request's Meridian arguments (`meridian_class`, `meridian_thinking`,
+/// `meridian_thinking_budget_tokens`), given as the JSON object of its request arguments, against
+/// `config` (the server's configuration; `None`: the class is checked for its type only). Raises
+/// `RequestArgsError` naming the argument.
+#[pyfunction]
+#[pyo3(signature = (args_json, config))]
+fn check_request_args(args_json: &str, config: Option<&PyConfig>) -> PyResult<()> {
+    core::check_request_args(args_json, config.map(|c| &c.inner)).map_err(to_py)
+}
+
 /// Validated Meridian configuration.
 #[pyclass(module = "meridian._core", name = "Config", frozen)]
 #[derive(Clone)]
@@ -627,5 +637,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<thinking::PyThinkingControl>()?;
     m.add_class::<thinking::PyThinkingStream>()?;
     m.add_function(wrap_pyfunction!(kernel_source, m)?)?;
+    m.add_function(wrap_pyfunction!(check_request_args, m)?)?;
     Ok(())
 }

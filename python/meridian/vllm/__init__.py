@@ -2,11 +2,13 @@
 
 ``--scheduler-cls meridian.vllm.MeridianScheduler`` (``scheduler``, with its waiting ``queue``,
 its EAT ``probes`` and the ``convert``-ers between vLLM's objects and the core's values),
-``--logits-processors meridian.vllm.thinking:MeridianThinkingProcessor`` (``thinking``), the
-``bus`` between them, ``config`` (vLLM's configuration, tokenizer and reasoning markers, read
-once) and ``names`` (every name that crosses a process or the HTTP API). Each module that imports
-vLLM checks the installed version first; this package itself and ``names`` load no vLLM, so the
-layers above can read the names and reach the scheduler lazily.
+``--logits-processors meridian.vllm.thinking:MeridianThinkingProcessor`` (``thinking``),
+``--middleware meridian.vllm.frontend.RequestArgsCheck`` (``frontend``: the request arguments
+checked in the API server), the ``bus`` between the first two, ``config`` (vLLM's configuration,
+tokenizer and reasoning markers, read once) and ``names`` (every name that crosses a process or
+the HTTP API). Each module that imports vLLM checks the installed version first; this package
+itself and ``names`` load no vLLM, so the layers above can read the names and reach the scheduler
+lazily.
 """
 
 from __future__ import annotations

@@ -8,21 +8,54 @@ back plain Python values or raising a Meridian error that names the bad input.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from meridian._core import FinishedRequest
-from meridian.errors import ConfigError, InvalidArgumentError
-from meridian.vllm.names import CLASS_ARG, REPORT_FIELDS, THINKING_STOP_FIELDS
+from meridian._core import Config, FinishedRequest
+from meridian._core import check_request_args as _core_check_request_args
+from meridian.errors import ConfigError, InvalidArgumentError, RequestArgsError
+from meridian.vllm.names import CLASS_ARG, REPORT_FIELDS, REQUEST_ARGS, THINKING_STOP_FIELDS
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
 
+def extra_args(request: Request) -> dict[str, Any] | None:
+    """A request's ``SamplingParams.extra_args`` (its ``vllm_xargs``), if any."""
+    return request.sampling_params.extra_args if request.sampling_params else None
+
+
+def check_request_args(extra: Mapping[str, Any] | None, config: Config | None) -> None:
+    """Checks a request's Meridian arguments (``REQUEST_ARGS`` in ``extra``) against ``config``,
+    the server's configuration (``None``: the class's type only). The core decides; raises
+    ``RequestArgsError`` naming the argument."""
+    if not extra:
+        return
+    args = {key: extra[key] for key in REQUEST_ARGS if key in extra}
+    if not args:
+        return
+    try:
+        text = json.dumps(args, allow_nan=False)
+    except (TypeError, ValueError):
+        # Only arguments given directly (vLLM's offline API) can hold what JSON cannot.
+        key, value = next((k, v) for k, v in args.items() if not _is_json(v))
+        raise RequestArgsError(f"invalid request argument `{key}`: {value!r} is not a JSON value") from None
+    _core_check_request_args(text, config)
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def requested_class(request: Request) -> str | None:
-    """The ``meridian_class`` a request asked for, if any."""
-    extra: dict[str, Any] | None = request.sampling_params.extra_args if request.sampling_params else None
-    if not extra or CLASS_ARG not in extra:
+    """The ``meridian_class`` a request asked for, if any (``None`` counts as none)."""
+    extra = extra_args(request)
+    if not extra or extra.get(CLASS_ARG) is None:
         return None
     value = extra[CLASS_ARG]
     if not isinstance(value, str):

@@ -18,16 +18,19 @@ __all__ = [
     "CLASS_ARG",
     "CONFIG_KEY",
     "LOGITS_PROCESSOR",
+    "MIDDLEWARE",
     "POLICY_NAMES",
     "PROBE_FOR_ARG",
     "PROBE_ID_INFIX",
     "REPORT_FIELDS",
+    "REQUEST_ARGS",
     "REQ_ID_ARG",
     "RESOLVED_CLASS_ARG",
     "SCHEDULER_CLS",
     "THINKING_ARG",
     "THINKING_BUDGET_ARG",
     "THINKING_STOP_FIELDS",
+    "XARGS_FIELD",
 ]
 
 #: Key of Meridian's block in ``--additional-config``.
@@ -36,6 +39,15 @@ CONFIG_KEY = "meridian"
 SCHEDULER_CLS = "meridian.vllm.MeridianScheduler"
 #: ``--logits-processors`` value.
 LOGITS_PROCESSOR = "meridian.vllm.thinking:MeridianThinkingProcessor"
+
+#: ``--middleware`` value: the request arguments checked in vLLM's API server (HTTP 400).
+MIDDLEWARE = "meridian.vllm.frontend.RequestArgsCheck"
+
+#: Every request argument a client sends Meridian, as the core checks them.
+REQUEST_ARGS = (CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG)
+#: Field of an OpenAI-API request body that carries the request arguments (vLLM's name; vLLM
+#: hands them on as ``SamplingParams.extra_args``).
+XARGS_FIELD = "vllm_xargs"
 
 #: Stamped into ``extra_args`` by ``MeridianScheduler``: the request's id and the class the core
 #: resolved for it (the logits processor sees sampling params, not requests).

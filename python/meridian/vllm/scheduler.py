@@ -176,6 +176,7 @@ class MeridianScheduler(AsyncScheduler):
             super().add_request(request)
             return
         try:
+            convert.check_request_args(convert.extra_args(request), self.meridian_config)
             handle, slo_class = self.meridian.add_request(
                 request.request_id,
                 request.arrival_time * 1000.0,

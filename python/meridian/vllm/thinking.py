@@ -4,7 +4,8 @@ Selected with ``--logits-processors meridian.vllm.thinking:MeridianThinkingProce
 ``--scheduler-cls meridian.vllm.MeridianScheduler``; it reads the same ``meridian`` block of
 ``--additional-config`` (``thinking_control``, top level or per class) and each request's
 ``vllm_xargs`` (``meridian_thinking``: ``"off"`` or a JSON object; ``meridian_thinking_budget_tokens``),
-which ``validate_params`` checks at admission so a bad value fails that request with HTTP 400.
+which ``validate_params`` checks at admission (through the core) so a bad value fails that request
+with HTTP 400.
 Each step, before sampling, it (1) hands every controlled request's newly sampled tokens to its
 core ``ThinkingStream`` together with the signals measured on the distribution each came from
 (one step late: measured at step *t*, used when token *t* is seen at *t + 1*); (2) masks the
@@ -42,6 +43,7 @@ from meridian.errors import ConfigError, MeridianError, RequestArgsError  # noqa
 from meridian.kernels.meter import CpuMeter, CudaMeter, Signals  # noqa: E402
 from meridian.vllm.bus import WorkerEndpoint  # noqa: E402
 from meridian.vllm.config import read_settings  # noqa: E402
+from meridian.vllm.convert import check_request_args  # noqa: E402
 from meridian.vllm.names import (  # noqa: E402
     LOGITS_PROCESSOR,
     PROBE_FOR_ARG,
@@ -112,10 +114,11 @@ class MeridianThinkingProcessor(LogitsProcessor):
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        # Runs in the frontend without the server's configuration: checks the request's own
-        # arguments against the defaults; class names are the scheduler's to check.
+        # Runs in the API server, which gives it no configuration: the core checks the request's
+        # arguments, the class for its type only (its name is checked against the server's
+        # classes by the --middleware RequestArgsCheck, and by the scheduler).
         try:
-            request_control(None, sampling_params.extra_args)
+            check_request_args(sampling_params.extra_args, None)
         except MeridianError as exc:
             raise ValueError(str(exc)) from exc
 

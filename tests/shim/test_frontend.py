@@ -1,0 +1,137 @@
+"""The request-argument check in the API server (``meridian.vllm.frontend.RequestArgsCheck``) on a
+FastAPI app wired as vLLM wires its own: vLLM's exception handlers, its authentication middleware
+inside ours (``--middleware`` is added last), a route whose body is read by FastAPI; and the
+core's check through ``convert``. The real server is ``tests/live/test_request_args.py``."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from meridian._core import Config, check_request_args
+from meridian.errors import RequestArgsError
+from meridian.vllm.names import CLASS_ARG, MIDDLEWARE, SCHEDULER_CLS, THINKING_ARG, THINKING_BUDGET_ARG, XARGS_FIELD
+
+pytestmark = pytest.mark.vllm
+
+GOLD = {"classes": {"gold": {"ttft_ms": 500, "ttfat_ms": 5000, "answer_tpot_ms": 40, "rank": 0}},
+        "default_class": "gold", "priority_map": {"0": "gold"}}
+API_KEY = "sesame"
+
+
+class Body(BaseModel):
+    """The part of a chat request the check reads, typed as vLLM types it."""
+
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+
+
+def test_the_core_checks_the_class_against_the_configuration_it_is_given() -> None:
+    from meridian.vllm.convert import check_request_args as shim_check
+
+    gold = Config.from_json(json.dumps(GOLD))
+    shim_check({CLASS_ARG: "gold", "kv_transfer_params": {"x": 1}}, gold)
+    shim_check({CLASS_ARG: "anything"}, None)
+    shim_check(None, gold)
+    unknown = "`meridian_class`: unknown SLO class `standard`; configured classes: gold"
+    with pytest.raises(RequestArgsError, match=unknown):
+        shim_check({CLASS_ARG: "standard"}, gold)
+    with pytest.raises(RequestArgsError, match=f"`{THINKING_BUDGET_ARG}`"):
+        shim_check({THINKING_BUDGET_ARG: float("nan")}, None)
+    with pytest.raises(RequestArgsError, match=f"`{THINKING_ARG}.eat.alpha`"):
+        check_request_args(json.dumps({THINKING_ARG: {"eat": {"alpha": 3}}}), None)
+
+
+def make_app(additional_config: dict[str, Any], scheduler_cls: str = SCHEDULER_CLS) -> tuple[Any, list[Any]]:
+    """A FastAPI app with vLLM's error handling and authentication, the check as ``--middleware``
+    adds it, and one chat route; returns the app and the bodies the route received."""
+    from fastapi import FastAPI
+    from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
+    from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
+
+    from meridian.vllm.frontend import RequestArgsCheck
+
+    received: list[Any] = []
+    app = FastAPI()
+    init_exception_handler(app)
+    app.state.args = SimpleNamespace(log_error_stack=False)
+    scheduler_config = SimpleNamespace(scheduler_cls=scheduler_cls, get_scheduler_cls=lambda: object)
+    app.state.vllm_config = SimpleNamespace(additional_config=additional_config, scheduler_config=scheduler_config)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: Body) -> dict[str, bool]:
+        received.append(body.vllm_xargs)
+        return {"ok": True}
+
+    app.add_middleware(AuthenticationMiddleware, tokens=[API_KEY])
+    app.add_middleware(RequestArgsCheck)
+    assert f"{RequestArgsCheck.__module__}.{RequestArgsCheck.__name__}" == MIDDLEWARE
+    return app, received
+
+
+def post(app: Any, body: Any, *, auth: bool = True, content_type: str | None = None) -> Any:
+    from starlette.testclient import TestClient
+
+    headers = {"Authorization": f"Bearer {API_KEY}"} if auth else {}
+    if content_type is not None:
+        headers["content-type"] = content_type
+    with TestClient(app) as client:
+        if isinstance(body, bytes):
+            return client.post("/v1/chat/completions", content=body, headers=headers)
+        return client.post("/v1/chat/completions", json=body, headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("xargs", "named"),
+    [
+        ({CLASS_ARG: "standard"}, CLASS_ARG),  # a default class, but not this server's
+        ({CLASS_ARG: 3}, CLASS_ARG),
+        ({THINKING_BUDGET_ARG: -5}, THINKING_BUDGET_ARG),
+        ({THINKING_BUDGET_ARG: "many"}, THINKING_BUDGET_ARG),
+        ({THINKING_ARG: json.dumps({"eat": {"alpha": 3}})}, f"{THINKING_ARG}.eat.alpha"),
+    ],
+)
+def test_a_bad_argument_is_a_400_naming_it_and_never_reaches_the_route(xargs: dict[str, Any], named: str) -> None:
+    app, received = make_app({"meridian": GOLD})
+    response = post(app, {XARGS_FIELD: xargs})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == 400 and f"`{named}`" in error["message"], error
+    assert received == []
+
+
+def test_good_and_foreign_arguments_pass_untouched() -> None:
+    app, received = make_app({"meridian": GOLD})
+    good = {CLASS_ARG: "gold", THINKING_BUDGET_ARG: 12, "other": "x"}
+    assert post(app, {XARGS_FIELD: good}).status_code == 200
+    assert post(app, {"messages": [{"role": "user", "content": "meridian_class, in a prompt"}]}).status_code == 200
+    assert post(app, {XARGS_FIELD: {"other": "meridian_class"}}).status_code == 200
+    assert received == [good, None, {"other": "meridian_class"}]
+
+
+def test_what_the_check_cannot_read_is_vllms_to_answer() -> None:
+    app, received = make_app({"meridian": GOLD})
+    # Malformed JSON, and a body FastAPI does not read as JSON: vLLM's own answers, not the
+    # check's (the scheduler checks whatever still reaches the engine).
+    malformed = post(app, b'{"vllm_xargs": {"meridian_class": ', content_type="application/json")
+    text = post(app, json.dumps({XARGS_FIELD: {CLASS_ARG: "standard"}}).encode(), content_type="text/plain")
+    for response in (malformed, text):
+        assert response.status_code == 400 and "invalid request argument" not in response.text, response.text
+    assert received == []
+
+
+def test_authentication_answers_first() -> None:
+    app, received = make_app({"meridian": GOLD})
+    response = post(app, {XARGS_FIELD: {CLASS_ARG: "standard"}}, auth=False)
+    assert response.status_code == 401
+    assert "standard" not in response.text and received == []
+
+
+def test_on_a_server_without_meridians_scheduler_it_checks_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    app, received = make_app({}, scheduler_cls="vllm.v1.core.sched.async_scheduler.AsyncScheduler")
+    assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}).status_code == 200
+    assert received == [{CLASS_ARG: "gold"}]
+    assert "checks nothing" in caplog.text
