@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from typing import Final, Literal, final
 
 __all__ = [
-    "__version__", "CLASS_ARG", "POLICY_NAMES", "THINKING_ARG", "THINKING_BUDGET_ARG",
+    "__version__", "CLASS_ARG", "POLICY_NAMES", "THINKING_STOP_RULES", "THINKING_ARG", "THINKING_BUDGET_ARG",
     "Config", "FinishedRequest", "Meridian", "RestorePlan", "StepPlan", "ThinkingControl", "ThinkingStream", "check_request_args", "kernel_source",
 ]
 __version__: str
@@ -16,6 +16,7 @@ THINKING_ARG: Final = "meridian_thinking"
 THINKING_BUDGET_ARG: Final = "meridian_thinking_budget_tokens"
 #: Every ``policy`` name, the product first: ``("meridian", "answer_first", "pascal", "uniboost", "scorpio")``.
 POLICY_NAMES: Final[tuple[str, ...]]
+THINKING_STOP_RULES: Final[tuple[str, ...]]
 
 def kernel_source(name: str) -> str:
     """Source of a bundled CUDA kernel file by name."""
@@ -191,6 +192,11 @@ class Meridian:
     def add_probe(self, req_id: str, arrival_ms: float, prompt_token_ids: Sequence[int], parent: int) -> int:
         """Tracks an internal EAT probe of ``parent`` (its class, one token, kept out of the counters)."""
     def plan_step(self, now_ms: float, running: list[int], waiting: list[int], num_free_blocks: int) -> StepPlan: ...
+    def engine_load(
+        self, now_ms: float, running: list[int], waiting: list[int]
+    ) -> tuple[dict[str, dict[str, int | float | None]], float]:
+        """Per class: requests waiting / prefilling / thinking / answering, least slack and TTFAT
+        headroom (ms, ``None`` when no request is before its answer); and the phase-weighted queue."""
     def on_preempted(self, now_ms: float, handle: int) -> tuple[str, bool]: ...
     def on_tokens_batch(self, now_ms: float, handles: list[int], counts: list[int], flat_token_ids: list[int]) -> None: ...
     def on_step_output(

@@ -55,7 +55,8 @@ pub use phase::{Phase, ReasoningMarkers, TokenKind};
 pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
 pub use request_args::check_request_args;
 pub use scheduler::{
-    EngineLimits, FinishedRequest, Meridian, NewRequest, Preemption, ReqHandle, SchedulerStats, StepPlan,
+    ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Meridian, NewRequest, Preemption, ReqHandle,
+    SchedulerStats, StepPlan,
 };
 pub use slo::{ClassId, SloClass, SloTargets, CLASS_ARG};
 pub use step_model::{StepCoefficients, StepShape};

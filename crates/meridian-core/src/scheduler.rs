@@ -1462,8 +1462,11 @@ fn sortable(x: f64) -> u64 {
     }
 }
 
+mod load;
 mod prefix;
 mod tiers;
+
+pub use load::{ClassLoad, EngineLoad};
 
 #[cfg(test)]
 mod tests;

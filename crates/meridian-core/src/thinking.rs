@@ -573,6 +573,15 @@ pub enum StopReason {
 }
 
 impl StopReason {
+    /// Every rule, in declaration order.
+    pub const ALL: [StopReason; 5] = [
+        StopReason::Budget,
+        StopReason::LoadAwareBudget,
+        StopReason::Eat,
+        StopReason::Proxy,
+        StopReason::Rpdi,
+    ];
+
     /// Stable snake_case name, for logs and the request ledger.
     pub fn as_str(self) -> &'static str {
         match self {

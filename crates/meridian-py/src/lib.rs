@@ -263,6 +263,31 @@ impl PyMeridian {
         })
     }
 
+    /// The load of `running` and `waiting` for the gauges: `({class: {figure: value}}, queue)`,
+    /// every class present; `least_slack_ms` and `ttfat_headroom_ms` are `None` when no request
+    /// of the class is before its answer; `queue` is the phase-weighted queue.
+    fn engine_load<'py>(
+        &mut self,
+        py: Python<'py>,
+        now_ms: f64,
+        running: Vec<u64>,
+        waiting: Vec<u64>,
+    ) -> PyResult<(Bound<'py, PyDict>, f64)> {
+        let load = self.inner.engine_load(now_ms, &handles(running), &handles(waiting)).map_err(to_py)?;
+        let out = PyDict::new(py);
+        for (class, c) in self.inner.config().classes.iter().zip(&load.classes) {
+            let d = PyDict::new(py);
+            d.set_item("num_waiting", c.num_waiting)?;
+            d.set_item("num_prefilling", c.num_prefilling)?;
+            d.set_item("num_thinking", c.num_thinking)?;
+            d.set_item("num_answering", c.num_answering)?;
+            d.set_item("least_slack_ms", c.least_slack_ms)?;
+            d.set_item("ttfat_headroom_ms", c.ttfat_headroom_ms)?;
+            out.set_item(&class.name, d)?;
+        }
+        Ok((out, load.phase_weighted_queue))
+    }
+
     /// Records a preemption; returns `(phase, alarm)`.
     fn on_preempted(&mut self, now_ms: f64, handle: u64) -> PyResult<(&'static str, bool)> {
         let p = self.inner.on_preempted(now_ms, core::ReqHandle(handle)).map_err(to_py)?;
@@ -629,6 +654,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("THINKING_ARG", core::THINKING_ARG)?;
     m.add("THINKING_BUDGET_ARG", core::THINKING_BUDGET_ARG)?;
     m.add("POLICY_NAMES", PyTuple::new(m.py(), core::Policy::ALL.map(core::Policy::name))?)?;
+    m.add("THINKING_STOP_RULES", PyTuple::new(m.py(), core::StopReason::ALL.map(core::StopReason::as_str))?)?;
     m.add_class::<PyConfig>()?;
     m.add_class::<PyMeridian>()?;
     m.add_class::<PyStepPlan>()?;

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from meridian._core import Config, FinishedRequest
@@ -87,10 +88,17 @@ def report_json(report: FinishedRequest, thinking_stop: tuple[str, int] | None =
     return json.dumps(line)
 
 
-def open_log(path: str | None, key: str) -> IO[str] | None:
-    """Opens a JSONL log for appending (line-buffered), or raises ``ConfigError`` naming ``key``."""
+def open_log(path: str | None, key: str, rank: int | None = None) -> IO[str] | None:
+    """Opens a JSONL log for appending (line-buffered), or raises ``ConfigError`` naming ``key``.
+    With data parallelism each rank past the first (``rank`` > 0) writes its own file,
+    ``<stem>.dp<rank><suffix>`` next to the configured path: the ranks share one configuration,
+    not one file. (vLLM tells a non-MoE rank only its index, not the rank count: rank 0 keeps
+    the configured name.)"""
     if path is None:
         return None
+    if rank:
+        configured = Path(path)
+        path = str(configured.with_name(f"{configured.stem}.dp{rank}{configured.suffix}"))
     try:
         return open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed in shutdown()
     except OSError as exc:

@@ -19,6 +19,7 @@ __all__ = [
     "CONFIG_KEY",
     "LOGITS_PROCESSOR",
     "MIDDLEWARE",
+    "METRIC_NAMES",
     "POLICY_NAMES",
     "PROBE_FOR_ARG",
     "PROBE_ID_INFIX",
@@ -39,7 +40,6 @@ CONFIG_KEY = "meridian"
 SCHEDULER_CLS = "meridian.vllm.MeridianScheduler"
 #: ``--logits-processors`` value.
 LOGITS_PROCESSOR = "meridian.vllm.thinking:MeridianThinkingProcessor"
-
 #: ``--middleware`` value: the request arguments checked in vLLM's API server (HTTP 400).
 MIDDLEWARE = "meridian.vllm.frontend.RequestArgsCheck"
 
@@ -70,3 +70,26 @@ REPORT_FIELDS = (
 )
 #: Fields after them: the thinking-control rule that ended the reasoning, and after how many tokens.
 THINKING_STOP_FIELDS = ("thinking_stopped_by", "thinking_stopped_after_tokens")
+
+#: Meridian's series on vLLM's ``/metrics`` (as exposed: counters end in ``_total``), by key.
+#: The dashboard, the tests and the router recipe read these names.
+METRIC_NAMES = {
+    "ttfat": "meridian:time_to_first_output_token_seconds",
+    "answer_tpot": "meridian:answer_time_per_output_token_seconds",
+    "thinking_tokens": "meridian:thinking_tokens",
+    "requests_finished": "meridian:requests_finished_total",
+    "preemptions": "meridian:preemptions_total",
+    "answer_preemption_alarms": "meridian:answer_preemption_alarms_total",
+    "arrival_preemptions": "meridian:arrival_preemptions_total",
+    "thinking_stops": "meridian:thinking_stops_total",
+    "kv_tier_resumes": "meridian:kv_tier_resumes_total",
+    "kv_tier_resume_tokens": "meridian:kv_tier_resume_tokens_total",
+    "kv_tier_failed_load_blocks": "meridian:kv_tier_failed_load_blocks_total",
+    "num_requests": "meridian:num_requests",
+    "least_slack": "meridian:least_slack_seconds",
+    "ttfat_headroom": "meridian:ttfat_headroom_seconds",
+    "recent_ttfat_attainment": "meridian:recent_ttfat_attainment",
+    "phase_weighted_queue": "meridian:phase_weighted_queue",
+    "step_time_model": "meridian:step_time_model_ms",
+    "class_target": "meridian:class_target_seconds",
+}

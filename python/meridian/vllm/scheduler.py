@@ -36,6 +36,7 @@ from meridian.vllm import convert  # noqa: E402
 from meridian.vllm.bus import SchedulerEndpoint  # noqa: E402
 from meridian.vllm.config import processor_configured, read_settings  # noqa: E402
 from meridian.vllm.kvtier import TierHooks  # noqa: E402
+from meridian.vllm.metrics import MeridianMetrics, metrics_dir  # noqa: E402
 from meridian.vllm.names import REQ_ID_ARG, RESOLVED_CLASS_ARG  # noqa: E402
 from meridian.vllm.probes import ProbeBook  # noqa: E402
 from meridian.vllm.queue import MeridianWaitingQueue  # noqa: E402
@@ -144,8 +145,9 @@ class MeridianScheduler(AsyncScheduler):
         #: KV blocks dropped from the prefix cache as never reusable.
         self.num_reasoning_blocks_evicted = 0
         self._rejected: list[tuple[Request, str]] = []
-        self._request_log = convert.open_log(config.request_log_path, "request_log_path")
-        self._step_log = convert.open_log(config.step_log_path, "step_log_path")
+        rank = self.vllm_config.parallel_config.data_parallel_index
+        self._request_log = convert.open_log(config.request_log_path, "request_log_path", rank)
+        self._step_log = convert.open_log(config.step_log_path, "step_log_path", rank)
         #: Internal EAT probes (their outputs never reach a client).
         self.probes = ProbeBook(markers.end)
         #: Requests whose reasoning a thinking-control rule ended: req_id → (rule, thinking tokens),
@@ -165,6 +167,17 @@ class MeridianScheduler(AsyncScheduler):
             self.meridian.add_kv_tier(TierHooks.TIER_NAME, staged=True)
         #: The device cache's block events for the core's prefix index, when it wants them.
         self._device_events = self._tee_device_events()
+        #: Meridian's series on the server's /metrics (with vLLM's own: only when it logs stats).
+        self.metrics = (
+            MeridianMetrics(
+                metrics_dir(self.vllm_config),
+                self.vllm_config.model_config.served_model_name,
+                rank,
+                {name: config.class_targets(name) for name in config.class_names},
+            )
+            if self.log_stats
+            else None
+        )
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 
@@ -262,7 +275,14 @@ class MeridianScheduler(AsyncScheduler):
         if self._step_log is not None and shape is not None:
             meridian_ms = getattr(scheduler_output, COST_ATTR, 0.0) + (time.perf_counter() - started) * 1000.0
             self._log_step(shape, step_ms, meridian_ms)
+        self._refresh_metrics()
         return outputs
+
+    def finish_requests(self, *args: Any, **kwargs: Any) -> Any:
+        # An abort can empty the engine between steps: the gauges must still read zero then.
+        finished = super().finish_requests(*args, **kwargs)
+        self._refresh_metrics()
+        return finished
 
     def has_requests(self) -> bool:
         return bool(self._rejected) or super().has_requests()
@@ -379,6 +399,8 @@ class MeridianScheduler(AsyncScheduler):
         if self.probes.is_probe(request.request_id):
             return
         self.finished_reports.append(report)
+        if self.metrics is not None:
+            self.metrics.on_finished(report)
         self._take_thinking_stops()
         thinking_stop = self._thinking_stops.pop(request.request_id, None)
         if self._request_log is not None:
@@ -435,6 +457,17 @@ class MeridianScheduler(AsyncScheduler):
             # free queue when they are freed: reused before any ordinary prefix-cache block.
             self.kv_cache_manager.evict_blocks(block_ids)
             self.num_reasoning_blocks_evicted += len(block_ids)
+
+    def _refresh_metrics(self) -> None:
+        if self.metrics is None or not self.metrics.due(idle=not self.has_requests()):
+            return
+        self.metrics.refresh(
+            self.meridian,
+            self.clock_ms(),
+            [getattr(r, HANDLE_ATTR) for r in self.running],
+            [getattr(r, HANDLE_ATTR) for r in (*self.waiting, *self.kv_holding_waiting)],
+            self.num_thinking_stops,
+        )
 
     def _log_step(self, shape: dict[str, int], step_ms: float | None, meridian_ms: float) -> None:
         # The core measured the step (from when it could start until its output); the log

@@ -1,0 +1,230 @@
+//! [`Meridian`]'s account of the load it holds, for the operator's gauges and for a router: per
+//! SLO class how many requests wait, prefill, think and answer, the least slack before a TTFAT
+//! or TTFT deadline and the time left to the nearest TTFAT deadline; and the phase-weighted
+//! queue, the engine's expected remaining output in units of a fresh request's. Read-only: it
+//! changes no state, so publishing it can never change a plan. Invariant: internal EAT probes are
+//! never counted, and every figure is finite or absent (`None`), never a sentinel.
+
+use super::{Hot, Meridian, ReqHandle};
+use crate::error::Result;
+use crate::phase::Phase;
+
+/// One SLO class's share of the engine.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ClassLoad {
+    /// Requests in vLLM's waiting queue (new or preempted).
+    pub num_waiting: u32,
+    /// Running requests that have not produced a token yet.
+    pub num_prefilling: u32,
+    /// Running requests in their reasoning.
+    pub num_thinking: u32,
+    /// Running requests producing their answer.
+    pub num_answering: u32,
+    /// Least slack, in ms, among the class's requests that have not answered yet: time to spare
+    /// before the TTFAT deadline after the expected remaining thinking (and before the TTFT
+    /// deadline for one without a token); negative when one is expected to miss. `None` when
+    /// every request of the class is answering or there is none.
+    pub least_slack_ms: Option<f64>,
+    /// Time left, in ms, to the nearest TTFAT deadline among the same requests (negative once it
+    /// passed), with no work deducted: how close the class is to missing, whatever the model
+    /// predicts.
+    pub ttfat_headroom_ms: Option<f64>,
+}
+
+/// The engine's load as one plan sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineLoad {
+    /// Indexed by [`crate::ClassId`].
+    pub classes: Vec<ClassLoad>,
+    /// Expected remaining output tokens of every request the engine holds (waiting requests
+    /// whole), each divided by the expected output of a fresh request of its class: a queue
+    /// length in which a request about to finish its answer weighs little and a fresh long
+    /// thinker weighs one or more. Count-based balancers weigh both alike.
+    pub phase_weighted_queue: f64,
+}
+
+impl Meridian {
+    /// The load of the requests in `running` and `waiting` (vLLM's lists) at `now_ms`.
+    pub fn engine_load(
+        &mut self,
+        now_ms: f64,
+        running: &[ReqHandle],
+        waiting: &[ReqHandle],
+    ) -> Result<EngineLoad> {
+        let now_ms = crate::error::check_time_ms("now_ms", now_ms)?;
+        self.check_distinct(running, waiting)?;
+        let step_ms = self.step_model.predict_ms(self.running_load(running).decodes());
+        let mut load = EngineLoad {
+            classes: vec![ClassLoad::default(); self.class_table.len()],
+            phase_weighted_queue: 0.0,
+        };
+        for (&h, is_waiting) in running.iter().map(|h| (h, false)).chain(waiting.iter().map(|h| (h, true))) {
+            if self.is_probe(h) {
+                continue;
+            }
+            let r = *self.hot(h);
+            self.count_request(&mut load.classes[r.class.index()], &r, is_waiting, now_ms, step_ms);
+            load.phase_weighted_queue += self.queue_weight(&r);
+        }
+        Ok(load)
+    }
+
+    fn count_request(&self, class: &mut ClassLoad, r: &Hot, is_waiting: bool, now_ms: f64, step_ms: f64) {
+        match (is_waiting, r.has_started, r.phase) {
+            (true, _, _) => class.num_waiting += 1,
+            (false, false, _) => class.num_prefilling += 1,
+            (false, true, Phase::Answer) => class.num_answering += 1,
+            (false, true, _) => class.num_thinking += 1,
+        }
+        if r.has_answered {
+            return;
+        }
+        let targets = self.targets(r.class);
+        let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
+        let headroom_ms = r.arrival_ms + targets.ttfat_ms - now_ms;
+        class.least_slack_ms = Some(class.least_slack_ms.map_or(slack_ms, |s| s.min(slack_ms)));
+        class.ttfat_headroom_ms = Some(class.ttfat_headroom_ms.map_or(headroom_ms, |s| s.min(headroom_ms)));
+    }
+
+    /// The request's expected remaining output over a fresh request's of its class (capped by
+    /// what `max_tokens` still allows).
+    fn queue_weight(&self, r: &Hot) -> f64 {
+        let lengths = &self.lengths[r.class.index()];
+        let fresh = if r.is_reasoning { lengths.think.mean() } else { 0.0 } + lengths.answer.mean();
+        let remaining = match r.phase {
+            Phase::Answer => lengths.answer.expected_remaining(r.num_answer_tokens),
+            _ if r.is_reasoning => {
+                lengths.think.expected_remaining(r.num_think_tokens) + lengths.answer.mean()
+            }
+            _ => lengths.answer.mean(),
+        };
+        let left_by_limit = f64::from(r.max_tokens.saturating_sub(r.num_output_tokens));
+        remaining.min(left_by_limit) / fresh.max(1.0)
+    }
+
+    fn is_probe(&self, handle: ReqHandle) -> bool {
+        self.slots[handle.slot()].request.as_ref().is_some_and(|t| t.probe)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use crate::scheduler::tiers::tests::core;
+    use crate::{Meridian, NewRequest, ReqHandle};
+
+    const THINK: u32 = 1;
+    const END: u32 = 2;
+    const WORD: u32 = 100;
+    /// The default class `standard`: TTFAT target 60 s.
+    const STANDARD: usize = 1;
+
+    /// A reasoning request (its prompt opens the reasoning) of the default class.
+    fn add(core: &mut Meridian, req_id: &str, arrival_ms: f64) -> ReqHandle {
+        let prompt = [WORD, WORD, THINK];
+        let new = NewRequest {
+            req_id,
+            arrival_ms,
+            prompt_token_ids: &prompt,
+            max_tokens: 4096,
+            slo_class: None,
+            priority: 0,
+        };
+        core.add_request(new).unwrap().0
+    }
+
+    #[test]
+    fn requests_are_counted_by_state_and_probes_not_at_all() {
+        let mut core = core("{}");
+        let waiting = add(&mut core, "waiting", 0.0);
+        let prefilling = add(&mut core, "prefilling", 0.0);
+        let thinking = add(&mut core, "thinking", 0.0);
+        let answering = add(&mut core, "answering", 0.0);
+        core.on_tokens(100.0, thinking, &[WORD; 5]).unwrap();
+        core.on_tokens(100.0, answering, &[WORD, WORD, END, WORD]).unwrap();
+        let probe = core.add_probe("probe", 100.0, &[WORD, THINK], thinking).unwrap();
+        let load = core.engine_load(200.0, &[prefilling, thinking, answering, probe], &[waiting]).unwrap();
+        let class = load.classes[STANDARD];
+        assert_eq!(
+            (class.num_waiting, class.num_prefilling, class.num_thinking, class.num_answering),
+            (1, 1, 1, 1)
+        );
+        assert!(load.classes.iter().enumerate().all(|(i, c)| i == STANDARD || *c == Default::default()));
+    }
+
+    #[test]
+    fn headroom_is_the_time_to_the_nearest_ttfat_deadline_and_slack_deducts_the_work() {
+        let mut core = core("{}");
+        let early = add(&mut core, "early", 0.0);
+        let later = add(&mut core, "later", 5_000.0);
+        core.on_tokens(6_000.0, early, &[WORD; 3]).unwrap();
+        let load = core.engine_load(10_000.0, &[early], &[later]).unwrap();
+        let class = load.classes[STANDARD];
+        assert_eq!(class.ttfat_headroom_ms, Some(50_000.0), "60 s target, arrived 10 s ago");
+        let slack_ms = class.least_slack_ms.unwrap();
+        assert!(slack_ms < 50_000.0, "the expected thinking is deducted: {slack_ms}");
+    }
+
+    #[test]
+    fn answering_requests_have_no_deadline_left_to_report() {
+        let mut core = core("{}");
+        let answering = add(&mut core, "answering", 0.0);
+        core.on_tokens(100.0, answering, &[WORD, END, WORD]).unwrap();
+        let class = core.engine_load(200.0, &[answering], &[]).unwrap().classes[STANDARD];
+        assert_eq!((class.least_slack_ms, class.ttfat_headroom_ms), (None, None));
+    }
+
+    #[test]
+    fn a_request_past_its_thinking_weighs_less_in_the_queue_than_a_fresh_one() {
+        let mut core = core("{}");
+        let fresh = add(&mut core, "fresh", 0.0);
+        let finishing = add(&mut core, "finishing", 0.0);
+        core.on_tokens(100.0, finishing, &[WORD; 500]).unwrap();
+        core.on_tokens(100.0, finishing, &[END, WORD]).unwrap();
+        let fresh_weight = core.engine_load(200.0, &[], &[fresh]).unwrap().phase_weighted_queue;
+        let finishing_weight = core.engine_load(200.0, &[finishing], &[]).unwrap().phase_weighted_queue;
+        assert!((fresh_weight - 1.0).abs() < 1e-9, "a fresh request is one unit: {fresh_weight}");
+        assert!(finishing_weight < 0.5 * fresh_weight, "{finishing_weight} vs {fresh_weight}");
+        assert_eq!(core.engine_load(200.0, &[], &[]).unwrap().phase_weighted_queue, 0.0);
+    }
+
+    #[test]
+    fn an_unknown_or_repeated_handle_is_an_error() {
+        let mut core = core("{}");
+        let a = add(&mut core, "a", 0.0);
+        assert!(core.engine_load(1.0, &[a], &[a]).is_err());
+        assert!(core.engine_load(1.0, &[ReqHandle(999)], &[]).is_err());
+        assert!(core.engine_load(f64::NAN, &[a], &[]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn every_request_is_counted_once_and_every_figure_is_finite(
+            tokens in proptest::collection::vec((0usize..400, any::<bool>(), any::<bool>()), 1..24),
+            now_ms in 0.0f64..1e7,
+        ) {
+            let mut core = core("{}");
+            let (mut running, mut waiting) = (Vec::new(), Vec::new());
+            for (i, &(n, answers, runs)) in tokens.iter().enumerate() {
+                let h = add(&mut core, &format!("r{i}"), 0.0);
+                if n > 0 {
+                    core.on_tokens(0.0, h, &vec![WORD; n]).unwrap();
+                }
+                if answers {
+                    core.on_tokens(0.0, h, &[END, WORD]).unwrap();
+                }
+                if runs { running.push(h) } else { waiting.push(h) }
+            }
+            let load = core.engine_load(now_ms, &running, &waiting).unwrap();
+            let counted: u32 = load.classes.iter()
+                .map(|c| c.num_waiting + c.num_prefilling + c.num_thinking + c.num_answering).sum();
+            prop_assert_eq!(counted as usize, tokens.len());
+            prop_assert!(load.phase_weighted_queue.is_finite() && load.phase_weighted_queue >= 0.0);
+            for c in &load.classes {
+                prop_assert!(c.least_slack_ms.is_none_or(f64::is_finite));
+                prop_assert!(c.ttfat_headroom_ms.is_none_or(f64::is_finite));
+            }
+        }
+    }
+}

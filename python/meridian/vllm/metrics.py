@@ -1,0 +1,309 @@
+"""Meridian's series on the ``/metrics`` vLLM's OpenAI server already serves.
+
+vLLM runs the scheduler in the engine-core process and serves ``/metrics`` from the API
+server(s). The supported bridge between processes is Prometheus' multiprocess mode, which vLLM
+itself turns on when it runs several API servers (``PROMETHEUS_MULTIPROC_DIR``: each process
+writes its values to memory-mapped files there and ``/metrics`` collects every file). So the
+engine core writes Meridian's series with ``prometheus_client`` into that directory, or, with
+one API server (where vLLM serves its in-memory registry), into a directory of its own that
+``MeridianMetricsCollector`` — a vLLM stat-logger plugin, loaded by every API server through the
+``vllm.stat_logger_plugins`` entry point — adds to the registry vLLM serves. Counters and
+histograms are written once, by the engine core that owns them, so several API servers read the
+same numbers and never add them up twice. Gauges are refreshed at most every
+``GAUGE_PERIOD_S`` and whenever the engine runs out of requests (so they read zero when idle);
+histograms are observed as requests finish; counters mirror the core's monotone counters.
+Invariant: only Meridian's own metric objects write to files — the process' other
+``prometheus_client`` metrics and its environment are left as they were — and nothing here
+decides anything: every figure comes from the core or from vLLM.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, values
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from meridian._core import THINKING_STOP_RULES
+from meridian.vllm._version import require_supported_vllm
+from meridian.vllm.bus import bus_dir
+from meridian.vllm.names import METRIC_NAMES, SCHEDULER_CLS
+
+require_supported_vllm()
+
+from vllm.v1.metrics.loggers import StatLoggerBase  # noqa: E402
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.metrics.stats import IterationStats, SchedulerStats
+
+    from meridian._core import FinishedRequest, Meridian
+
+logger = logging.getLogger("meridian")
+
+#: prometheus_client's multiprocess directory variable (vLLM sets it for several API servers).
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: Least seconds between two refreshes of the gauges while requests run.
+GAUGE_PERIOD_S = 0.25
+#: States a request is counted in by ``meridian:num_requests``.
+REQUEST_STATES = ("waiting", "prefilling", "thinking", "answering")
+#: Victim phases of ``meridian:preemptions_total``, as the core counts them.
+PREEMPTION_PHASES = ("prefill", "think", "answer")
+#: Terms of the step-time model (``meridian:step_time_model_ms``), in the core's order.
+STEP_TIME_TERMS = ("base", "per_prefill_token", "per_decode_request", "per_context_token")
+#: Targets of ``meridian:class_target_seconds``, as the configuration names them (``<target>_ms``).
+CLASS_TARGETS = ("ttft", "ttfat", "answer_tpot", "e2e")
+
+TTFAT_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
+TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+THINKING_TOKEN_BUCKETS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+_VALUE_CLASSES: dict[str, Any] = {}
+_VALUE_LOCK = threading.Lock()
+
+
+def metrics_dir(vllm_config: VllmConfig) -> Path:
+    """Where the engine core writes Meridian's series: vLLM's multiprocess directory when it
+    runs one, else one per server (named by the configuration's ``instance_id``, which the API
+    server and its engine cores share)."""
+    shared = os.environ.get(MULTIPROC_DIR_ENV)
+    if shared:
+        return Path(shared)
+    return bus_dir() / f"meridian-metrics-{vllm_config.instance_id}"
+
+
+@contextmanager
+def _writing_to(directory: Path) -> Iterator[None]:
+    # prometheus_client picks a metric value's storage when the value is created, from
+    # `values.ValueClass` and the directory variable: both are set only while Meridian's own
+    # values are created, so the rest of the process keeps its in-memory metrics.
+    with _VALUE_LOCK:
+        value_class = _VALUE_CLASSES.setdefault(str(directory), values.MultiProcessValue())
+        saved_class, saved_dir = values.ValueClass, os.environ.get(MULTIPROC_DIR_ENV)
+        values.ValueClass = value_class
+        os.environ[MULTIPROC_DIR_ENV] = str(directory)
+        try:
+            yield
+        finally:
+            values.ValueClass = saved_class
+            if saved_dir is None:
+                del os.environ[MULTIPROC_DIR_ENV]
+            else:
+                os.environ[MULTIPROC_DIR_ENV] = saved_dir
+
+
+class MeridianMetrics:
+    """The engine core's writer of Meridian's series for one ``MeridianScheduler``."""
+
+    def __init__(self, directory: Path, model_name: str, engine: int,
+                 class_targets: Mapping[str, Mapping[str, float | int | None]]) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self._base = {"model_name": model_name, "engine": str(engine)}
+        self._class_names = list(class_targets)
+        self._last_gauges_s = float("-inf")
+        #: The core's counters as last mirrored, and the children made: keyed (series, *labels).
+        self._mirrored: dict[tuple[Any, ...], float] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._make_series()
+        for name, targets in class_targets.items():
+            for target in CLASS_TARGETS:
+                value = targets.get(f"{target}_ms")
+                self._child(self.class_target, **{"class": name}, target=target).set(_seconds(value))
+
+    def _make_series(self) -> None:
+        n = METRIC_NAMES
+        base, per_class = ["model_name", "engine"], ["model_name", "engine", "class"]
+
+        def counter(name: str, doc: str, labels: list[str]) -> Counter:
+            # prometheus_client appends `_total` to a counter's exposed name.
+            return Counter(name.removesuffix("_total"), doc, labels, registry=None)
+
+        def gauge(name: str, doc: str, labels: list[str]) -> Gauge:
+            return Gauge(name, doc, labels, registry=None, multiprocess_mode="mostrecent")
+
+        self.ttfat = Histogram(n["ttfat"], "Time to first output (answer) token per finished request (TTFAT).",
+                               per_class, registry=None, buckets=TTFAT_BUCKETS_S)
+        self.answer_tpot = Histogram(n["answer_tpot"], "Mean time per answer token per finished request.",
+                                     per_class, registry=None, buckets=TPOT_BUCKETS_S)
+        self.thinking_tokens = Histogram(n["thinking_tokens"], "Reasoning tokens per finished request.",
+                                         per_class, registry=None, buckets=THINKING_TOKEN_BUCKETS)
+        self.requests_finished = counter(n["requests_finished"], "Finished requests by class and whether "
+                                         "they met every class target (aborted ones count as missed).",
+                                         [*per_class, "met_slo"])
+        self.preemptions = counter(n["preemptions"], "Preemptions by the victim's phase.", [*base, "phase"])
+        self.answer_preemption_alarms = counter(
+            n["answer_preemption_alarms"], "Answering requests preempted while a thinking request ran.", base)
+        self.arrival_preemptions = counter(
+            n["arrival_preemptions"], "Running requests preempted for a more important arrival.", per_class)
+        self.thinking_stops = counter(n["thinking_stops"], "Reasoning ended by a thinking-control rule.",
+                                      [*base, "rule"])
+        self.kv_tier_resumes = counter(n["kv_tier_resumes"], "Tier hits on resume: loaded or recomputed.",
+                                       [*base, "decision"])
+        self.kv_tier_resume_tokens = counter(n["kv_tier_resume_tokens"], "Tokens of those hits.",
+                                             [*base, "decision"])
+        self.kv_tier_failed_load_blocks = counter(n["kv_tier_failed_load_blocks"],
+                                                  "KV blocks whose load failed (recomputed).", base)
+        self.num_requests = gauge(n["num_requests"], "Requests by class and state.", [*per_class, "state"])
+        self.least_slack = gauge(n["least_slack"], "Least slack before a TTFAT/TTFT deadline among the "
+                                 "class's requests not answering yet (NaN: none).", per_class)
+        self.ttfat_headroom = gauge(n["ttfat_headroom"], "Time left to the class's nearest TTFAT deadline "
+                                    "(NaN: no request before its answer).", per_class)
+        self.recent_attainment = gauge(n["recent_ttfat_attainment"], "TTFAT attainment of the class's recent "
+                                       "completions (NaN before the first).", per_class)
+        self.phase_weighted_queue = gauge(n["phase_weighted_queue"], "Expected remaining output of every request, "
+                                          "in fresh requests of its class (a queue length for routers).", base)
+        self.class_target = gauge(n["class_target"], "The class's targets (NaN: none set).", [*per_class, "target"])
+        self.step_time_model = gauge(n["step_time_model"], "The step-time model's coefficients.", [*base, "term"])
+        # Create every child now (each value's file is chosen when it is created).
+        for name in self._class_names:
+            for series in (self.ttfat, self.answer_tpot, self.thinking_tokens, self.arrival_preemptions,
+                           self.least_slack, self.ttfat_headroom, self.recent_attainment):
+                self._child(series, **{"class": name})
+            for met in ("true", "false"):
+                self._child(self.requests_finished, **{"class": name}, met_slo=met)
+            for state in REQUEST_STATES:
+                self._child(self.num_requests, **{"class": name}, state=state)
+        for phase in PREEMPTION_PHASES:
+            self._child(self.preemptions, phase=phase)
+        for rule in THINKING_STOP_RULES:
+            self._child(self.thinking_stops, rule=rule)
+        for decision in ("loaded", "recomputed"):
+            self._child(self.kv_tier_resumes, decision=decision)
+            self._child(self.kv_tier_resume_tokens, decision=decision)
+        for term in STEP_TIME_TERMS:
+            self._child(self.step_time_model, term=term)
+        for series in (self.answer_preemption_alarms, self.kv_tier_failed_load_blocks, self.phase_weighted_queue):
+            self._child(series)
+
+    # ---- per finished request -------------------------------------------------------------
+
+    def on_finished(self, report: FinishedRequest) -> None:
+        of_class = {"class": report.slo_class}
+        if report.ttfat_ms is not None:
+            self._child(self.ttfat, **of_class).observe(report.ttfat_ms / 1000.0)
+        if report.answer_tpot_ms is not None:
+            self._child(self.answer_tpot, **of_class).observe(report.answer_tpot_ms / 1000.0)
+        if report.ttft_ms is not None:
+            self._child(self.thinking_tokens, **of_class).observe(report.num_think_tokens)
+        self._child(self.requests_finished, **of_class, met_slo="true" if report.met_all else "false").inc()
+
+    # ---- refreshed with the gauges ----------------------------------------------------------
+
+    def due(self, idle: bool) -> bool:
+        """Whether to refresh now: every ``GAUGE_PERIOD_S`` while requests run, and when idle."""
+        return idle or time.monotonic() - self._last_gauges_s >= GAUGE_PERIOD_S
+
+    def refresh(self, core: Meridian, now_ms: float, running: list[int], waiting: list[int],
+                thinking_stops: Mapping[str, int]) -> None:
+        """Sets the gauges from the core's view of the load and mirrors its counters."""
+        self._last_gauges_s = time.monotonic()
+        classes, queue = core.engine_load(now_ms, running, waiting)
+        attainment = core.recent_ttfat_attainment()
+        for name, load in classes.items():
+            of_class = {"class": name}
+            for state in REQUEST_STATES:
+                self._child(self.num_requests, **of_class, state=state).set(float(load[f"num_{state}"] or 0))
+            self._child(self.least_slack, **of_class).set(_seconds(load["least_slack_ms"]))
+            self._child(self.ttfat_headroom, **of_class).set(_seconds(load["ttfat_headroom_ms"]))
+            self._child(self.recent_attainment, **of_class).set(attainment.get(name, float("nan")))
+        self._child(self.phase_weighted_queue).set(queue)
+        for term, value in zip(STEP_TIME_TERMS, core.step_time_coefficients(), strict=True):
+            self._child(self.step_time_model, term=term).set(value)
+        self._mirror_counters(core, thinking_stops)
+
+    def _mirror_counters(self, core: Meridian, thinking_stops: Mapping[str, int]) -> None:
+        stats = core.stats()
+        for phase in PREEMPTION_PHASES:
+            self._advance(self.preemptions, stats[f"num_preemptions_{phase}"], phase=phase)
+        self._advance(self.answer_preemption_alarms, stats["num_answer_preemption_alarms"])
+        for name, counters in core.class_counters().items():
+            self._advance(self.arrival_preemptions, counters["num_arrival_preemptions"], **{"class": name})
+        tier = core.kv_tier_counters()
+        self._advance(self.kv_tier_resumes, tier["num_restores"], decision="loaded")
+        self._advance(self.kv_tier_resumes, tier["num_recomputes"], decision="recomputed")
+        self._advance(self.kv_tier_resume_tokens, tier["num_restored_tokens"], decision="loaded")
+        self._advance(self.kv_tier_resume_tokens, tier["num_recomputed_tokens"], decision="recomputed")
+        self._advance(self.kv_tier_failed_load_blocks, tier["num_failed_load_blocks"])
+        for rule, count in thinking_stops.items():
+            self._advance(self.thinking_stops, count, rule=rule)
+
+    def _advance(self, series: Counter, total: float, **labels: str) -> None:
+        key = (id(series), *labels.values())
+        step = total - self._mirrored.get(key, 0.0)
+        if step > 0:
+            self._mirrored[key] = total
+            self._child(series, **labels).inc(step)
+
+    def _child(self, series: Any, **labels: str) -> Any:
+        # A child made after start (a thinking rule seen for the first time) gets its file the
+        # same way the first ones did.
+        key = (id(series), *labels.values())
+        child = self._children.get(key)
+        if child is None:
+            with _writing_to(self.directory):
+                child = self._children[key] = series.labels(**self._base, **labels)
+        return child
+
+
+def _seconds(ms: float | int | None) -> float:
+    return float("nan") if ms is None else float(ms) / 1000.0
+
+
+class MeridianMetricsCollector(StatLoggerBase):
+    """vLLM stat-logger plugin (entry point ``vllm.stat_logger_plugins``): in an API server of a
+    ``MeridianScheduler`` engine with one API server, adds the engine cores' Meridian directory
+    to the registry vLLM serves on ``/metrics`` (with several, vLLM's multiprocess collector
+    already reads it). Records nothing itself."""
+
+    _registered: set[str] = set()
+
+    def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
+        if not runs_meridian(vllm_config) or os.environ.get(MULTIPROC_DIR_ENV):
+            return
+        directory = metrics_dir(vllm_config)
+        with _VALUE_LOCK:
+            if str(directory) in self._registered:
+                return
+            directory.mkdir(parents=True, exist_ok=True)
+            REGISTRY.register(MultiProcessCollector(None, path=str(directory)))
+            self._registered.add(str(directory))
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None,
+               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        pass
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+def runs_meridian(vllm_config: VllmConfig) -> bool:
+    """Whether the engine's scheduler is ``MeridianScheduler`` (or a subclass of it); read from
+    the class path, so the API server needs no import of the scheduler."""
+    scheduler_cls = vllm_config.scheduler_config.scheduler_cls
+    if isinstance(scheduler_cls, str):
+        if scheduler_cls == SCHEDULER_CLS:
+            return True
+        module, _, name = scheduler_cls.rpartition(".")
+        try:
+            scheduler_cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return False
+    return isinstance(scheduler_cls, type) and any(
+        f"{base.__module__}.{base.__qualname__}" == _SCHEDULER_PATH for base in scheduler_cls.__mro__
+    )
+
+
+#: Where ``MeridianScheduler`` is defined (``SCHEDULER_CLS`` is its re-export).
+_SCHEDULER_PATH = "meridian.vllm.scheduler.MeridianScheduler"
