@@ -221,6 +221,7 @@ struct RawConfig {
     prefix_affinity: Option<RawPrefixAffinity>,
     request_log_path: Option<String>,
     step_log_path: Option<String>,
+    metrics: Option<bool>,
     thinking_control: Option<ThinkingControl>,
 }
 
@@ -365,6 +366,9 @@ pub struct Config {
     /// File the shim appends one JSON line to per engine step (batch shape and measured time), for
     /// fitting a replay profile to real hardware, if set.
     pub step_log_path: Option<String>,
+    /// Whether the shim publishes Meridian's series on vLLM's `/metrics` (key `metrics`, default
+    /// on).
+    pub metrics: bool,
     /// Thinking control of every class that sets none of its own (key `thinking_control`; every
     /// rule off by default).
     pub thinking_control: ThinkingControl,
@@ -549,6 +553,7 @@ impl Config {
             prefix_affinity: validate_prefix_affinity(raw.prefix_affinity.unwrap_or_default())?,
             request_log_path: log_path("request_log_path", raw.request_log_path)?,
             step_log_path: log_path("step_log_path", raw.step_log_path)?,
+            metrics: raw.metrics.unwrap_or(true),
             thinking_control,
             class_thinking_control,
         };
@@ -988,5 +993,13 @@ mod tests {
     fn custom_priority_map_rejects_non_integer_keys() {
         let err = Config::from_json(r#"{"priority_map": {"high": "interactive"}}"#).unwrap_err();
         assert!(err.to_string().contains("priority_map.high"), "{err}");
+    }
+
+    #[test]
+    fn metrics_are_on_by_default_and_the_key_takes_a_bool_only() {
+        assert!(Config::from_json("{}").unwrap().metrics);
+        assert!(!Config::from_json(r#"{"metrics": false}"#).unwrap().metrics);
+        let msg = Config::from_json(r#"{"metrics": "yes"}"#).unwrap_err().to_string();
+        assert!(msg.contains("metrics"), "{msg}");
     }
 }

@@ -81,6 +81,12 @@ impl PyConfig {
         self.inner.request_log_path.clone()
     }
 
+    /// Whether the shim publishes Meridian's series on vLLM's `/metrics`.
+    #[getter]
+    fn metrics(&self) -> bool {
+        self.inner.metrics
+    }
+
     /// Where the shim appends one JSON line per engine step, if configured.
     #[getter]
     fn step_log_path(&self) -> Option<String> {

@@ -11,7 +11,10 @@ position, the way greedy decoding would. Time is virtual: each executed step occ
 for ``step_time_ms(shape)``, starting when it was scheduled or when the previous step finished,
 and its output is applied when it finishes. The replay, the scripted demo and the tests all run
 on this loop; ``tests/offline/test_engine_vs_engine_core.py`` compares it with a real
-``EngineCore``.
+``EngineCore``. ``run()`` replays the requests given at construction; ``submit`` (arrivals, in
+order), ``advance_to`` (the clock) and ``finish`` run the same loop piece by piece, for a caller
+that decides where each request goes as it arrives (the data-parallel replay,
+``meridian.replay.dp``: one engine fed that way gives exactly ``run()``'s results).
 
 Metrics come from one Meridian core used as a pure observer (no plans), fed the same token
 streams whatever the scheduler, so stock and Meridian runs are measured by one definition
@@ -32,6 +35,7 @@ from typing import Any, Protocol
 
 from meridian._core import Config, FinishedRequest, Meridian
 from meridian.offline.tiny import EOS, TOOL_CALL
+from meridian.vllm.names import CONFIG_KEY
 
 #: vLLM's batch queue depth under async scheduling with one GPU (``max_concurrent_batches``).
 BATCH_QUEUE_SIZE = 2
@@ -128,13 +132,21 @@ def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) ->
         cache_config=cache_config,
         reasoning_config=reasoning_config,
         device_config=DeviceConfig(device="cpu"),
-        additional_config=spec.additional_config,
+        additional_config=_without_metrics(spec.additional_config),
         kv_transfer_config=_host_tier_config(spec) if spec.num_host_blocks > 0 else None,
     )
     # vLLM's CPU platform turns async scheduling off ("not required on CPU"); the engine here
     # stands in for a GPU engine, whose batch queue of two is what it models.
     vllm_config.scheduler_config.async_scheduling = spec.async_scheduling
     return vllm_config
+
+
+def _without_metrics(additional_config: dict[str, Any]) -> dict[str, Any]:
+    # No /metrics to publish on here: Meridian's series stay off unless the spec asks for them.
+    block = additional_config.get(CONFIG_KEY, {})
+    if not isinstance(block, dict):
+        return additional_config  # a bad block: the scheduler's own check names it
+    return {**additional_config, CONFIG_KEY: {"metrics": False, **block}}
 
 
 def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
@@ -407,7 +419,7 @@ class OfflineEngine:
     def __init__(
         self,
         scheduler: Any,
-        requests: Sequence[OfflineRequest],
+        requests: Sequence[OfflineRequest] = (),
         *,
         observer_config: Config | None = None,
         step_time_ms: Callable[[Mapping[str, int]], float] = one_ms_per_step,
@@ -447,27 +459,76 @@ class OfflineEngine:
         #: the tier held at the preemption.
         self._preempted: set[str] = set()
         self._preempted_stored: set[str] = set()
+        #: Submitted requests not yet added to the scheduler, in arrival order.
+        self._pending: deque[OfflineRequest] = deque()
+        self._started = False
 
     def run(self) -> EngineRun:
-        """Runs until every admitted request has finished."""
-        pending = deque(self.requests)
-        block_pool = self.scheduler.kv_cache_manager.block_pool
-        self.result.max_num_free_blocks = block_pool.get_num_free_blocks()
-        while pending or self.scheduler.has_requests() or self.batch_queue:
-            self.num_loop_passes += 1
-            while pending and pending[0].arrival_ms <= self.now_ms:
-                self._add(pending.popleft())
-            if not self.scheduler.has_requests() and not self.batch_queue:
-                if pending:
-                    self.now_ms = max(self.now_ms, pending[0].arrival_ms)
-                continue
-            self._step()
+        """Runs every request given at construction until each admitted one has finished."""
+        for request in self.requests:
+            self.submit(request)
+        return self.finish()
+
+    # ---- incremental use: submit arrivals as they come, advance the clock, finish --------------
+
+    def submit(self, request: OfflineRequest) -> None:
+        """Hands the engine a request; it is added to the scheduler at the top of the first loop
+        pass whose clock has reached its arrival. Requests must be submitted in arrival order."""
+        if self._pending and request.arrival_ms < self._pending[-1].arrival_ms:
+            raise ValueError(f"request {request.req_id!r} arrives at {request.arrival_ms} ms, before the last "
+                             f"submitted one ({self._pending[-1].arrival_ms} ms): submit in arrival order")
+        self._start()
+        self._pending.append(request)
+
+    def advance_to(self, t_ms: float) -> None:
+        """Runs loop passes until the clock reaches ``t_ms`` (a step in flight may carry it past),
+        then adds the submitted requests that have arrived by then: the state a request arriving
+        at ``t_ms`` finds. An engine with nothing to do stays where it is."""
+        self._start()
+        while self._has_work() and self.now_ms < t_ms:
+            self._loop_pass()
+        self._add_arrived()
+
+    def finish(self) -> EngineRun:
+        """Runs until every submitted request has finished; returns the run's record."""
+        self._start()
+        while self._has_work():
+            self._loop_pass()
         self.result.clock_ms = self.now_ms
-        self.result.final_num_free_blocks = block_pool.get_num_free_blocks()
+        self.result.final_num_free_blocks = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
         core = getattr(self.scheduler, "meridian", None)
         if isinstance(core, Meridian):
             self.result.restore_counters = core.kv_tier_counters()
         return self.result
+
+    @property
+    def num_unfinished(self) -> int:
+        """Submitted requests that have not finished (a rejected one finishes on arrival)."""
+        return len(self._pending) + len(self._live)
+
+    def _start(self) -> None:
+        if not self._started:
+            self._started = True
+            self.result.max_num_free_blocks = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def _has_work(self) -> bool:
+        return bool(self._pending) or self.scheduler.has_requests() or bool(self.batch_queue)
+
+    def _add_arrived(self) -> None:
+        pending = self._pending
+        while pending and pending[0].arrival_ms <= self.now_ms:
+            self._add(pending.popleft())
+
+    def _loop_pass(self) -> None:
+        """One pass of the busy loop: add what has arrived, then step (or, idle, jump to the next
+        arrival)."""
+        self.num_loop_passes += 1
+        self._add_arrived()
+        if not self.scheduler.has_requests() and not self.batch_queue:
+            if self._pending:
+                self.now_ms = max(self.now_ms, self._pending[0].arrival_ms)
+            return
+        self._step()
 
     def _step(self) -> None:
         """``EngineCore.step_with_batch_queue``: schedule ahead while the device is busy; apply the

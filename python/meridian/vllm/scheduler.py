@@ -59,6 +59,11 @@ COST_ATTR = "meridian_schedule_ms"
 MAX_REPORTS = 10_000
 
 
+def _handles(requests: Iterable[Request]) -> list[int]:
+    """The core handles of the requests that have one."""
+    return [h for r in requests if (h := getattr(r, HANDLE_ATTR, None)) is not None]
+
+
 def _wall_clock_ms() -> float:
     # vLLM stamps `Request.arrival_time` with time.time() in the frontend; the same clock keeps
     # TTFT honest about frontend queueing.
@@ -167,7 +172,8 @@ class MeridianScheduler(AsyncScheduler):
             self.meridian.add_kv_tier(TierHooks.TIER_NAME, staged=True)
         #: The device cache's block events for the core's prefix index, when it wants them.
         self._device_events = self._tee_device_events()
-        #: Meridian's series on the server's /metrics (with vLLM's own: only when it logs stats).
+        #: Meridian's series on the server's /metrics (when vLLM logs stats and the configuration
+        #: does not turn them off).
         self.metrics = (
             MeridianMetrics(
                 metrics_dir(self.vllm_config),
@@ -175,9 +181,10 @@ class MeridianScheduler(AsyncScheduler):
                 rank,
                 {name: config.class_targets(name) for name in config.class_names},
             )
-            if self.log_stats
+            if self.log_stats and config.metrics
             else None
         )
+        self._metrics_failed = False
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 
@@ -461,13 +468,19 @@ class MeridianScheduler(AsyncScheduler):
     def _refresh_metrics(self) -> None:
         if self.metrics is None or not self.metrics.due(idle=not self.has_requests()):
             return
-        self.metrics.refresh(
-            self.meridian,
-            self.clock_ms(),
-            [getattr(r, HANDLE_ATTR) for r in self.running],
-            [getattr(r, HANDLE_ATTR) for r in (*self.waiting, *self.kv_holding_waiting)],
-            self.num_thinking_stops,
-        )
+        try:
+            self.metrics.refresh(
+                self.meridian,
+                self.clock_ms(),
+                _handles(self.running),
+                _handles((*self.waiting, *self.kv_holding_waiting)),
+                self.num_thinking_stops,
+            )
+        except (MeridianError, OSError) as exc:
+            # Publishing never takes the engine down: the series stay as they were.
+            if not self._metrics_failed:
+                logger.warning("meridian: could not refresh the /metrics series: %s", exc)
+            self._metrics_failed = True
 
     def _log_step(self, shape: dict[str, int], step_ms: float | None, meridian_ms: float) -> None:
         # The core measured the step (from when it could start until its output); the log

@@ -1,0 +1,81 @@
+"""MeridianScheduler's series, written by the engine-core side into Prometheus multiprocess files
+and read back with prometheus-client's own ``MultiProcessCollector`` (what ``/metrics`` serves),
+on vLLM's real scheduler classes driven offline. The live server checks are in
+``tests/live/test_metrics_live.py``."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import values
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from meridian.offline.engine import EngineSpec, OfflineEngine, build_scheduler, scripted_request
+from meridian.offline.tiny import WORD_IDS, reasoning_script
+from meridian.vllm.metrics import MULTIPROC_DIR_ENV, REQUEST_STATES
+from meridian.vllm.names import METRIC_NAMES
+
+pytestmark = pytest.mark.vllm
+
+
+def collected(directory: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    families = MultiProcessCollector(None, path=str(directory)).collect()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
+
+
+def total(samples: dict[Any, float], name: str, **labels: str) -> float:
+    return sum(v for (n, lab), v in samples.items() if n == name and all((k, x) in lab for k, x in labels.items()))
+
+
+def scheduler_with_metrics(model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **config: Any) -> Any:
+    from meridian.vllm import MeridianScheduler
+
+    monkeypatch.setenv("MERIDIAN_BUS_DIR", str(tmp_path))
+    spec = EngineSpec(model_dir=model, additional_config={"meridian": {"metrics": True, **config}})
+    return build_scheduler(MeridianScheduler, spec)
+
+
+def test_finished_requests_are_observed_once_and_gauges_read_zero_when_idle(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    value_class, env_dir = values.ValueClass, os.environ.get(MULTIPROC_DIR_ENV)
+    scheduler = scheduler_with_metrics(tiny_model, tmp_path, monkeypatch)
+    prompt = [WORD_IDS[i % len(WORD_IDS)] for i in range(20)]
+    requests = [scripted_request(f"r{i}", i * 5.0, prompt, reasoning_script(10 + 7 * i, 4)) for i in range(5)]
+    run = OfflineEngine(scheduler, requests).run()
+    samples = collected(scheduler.metrics.directory)
+    ttfat = METRIC_NAMES["ttfat"]
+    assert total(samples, f"{ttfat}_count") == 5
+    assert math.isclose(total(samples, f"{ttfat}_sum"), sum(r.ttfat_ms for r in run.reports) / 1000.0, rel_tol=1e-9)
+    assert total(samples, f"{METRIC_NAMES['thinking_tokens']}_sum") == sum(r.num_think_tokens for r in run.reports)
+    for state in REQUEST_STATES:
+        assert total(samples, METRIC_NAMES["num_requests"], state=state) == 0.0
+    assert total(samples, METRIC_NAMES["class_target"], target="ttfat", **{"class": "standard"}) == 60.0
+    assert total(samples, METRIC_NAMES["step_time_model"], term="base") > 0.0
+    # Only Meridian's own values went to files: the process' prometheus_client is as it was.
+    assert values.ValueClass is value_class and os.environ.get(MULTIPROC_DIR_ENV) == env_dir
+
+
+def test_counters_mirror_the_core_and_are_never_counted_twice(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scheduler = scheduler_with_metrics(tiny_model, tmp_path, monkeypatch)
+    OfflineEngine(scheduler, [scripted_request("a", 0.0, [WORD_IDS[0]] * 20, reasoning_script(30, 4))]).run()
+    stats = scheduler.meridian.stats()
+    for _ in range(3):  # refreshing again adds nothing
+        scheduler.metrics._last_gauges_s = float("-inf")
+        scheduler._refresh_metrics()
+    samples = collected(scheduler.metrics.directory)
+    for phase in ("prefill", "think", "answer"):
+        assert total(samples, METRIC_NAMES["preemptions"], phase=phase) == stats[f"num_preemptions_{phase}"]
+    assert total(samples, METRIC_NAMES["requests_finished"]) == 1
+
+
+def test_metrics_false_publishes_nothing(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    scheduler = scheduler_with_metrics(tiny_model, tmp_path, monkeypatch, metrics=False)
+    assert scheduler.metrics is None
+    assert not list(tmp_path.glob("meridian-metrics-*"))
