@@ -198,7 +198,8 @@ class Meridian:
         self, now_ms: float, running: list[int], waiting: list[int]
     ) -> tuple[dict[str, dict[str, int | float | None]], float]:
         """Per class: requests waiting / prefilling / thinking / answering, least slack and TTFAT
-        headroom (ms, ``None`` when no request is before its answer); and the phase-weighted queue."""
+        headroom (ms, ``None`` when no request is before its answer), expected remaining output
+        tokens; and the phase-weighted queue."""
     def on_preempted(self, now_ms: float, handle: int) -> tuple[str, bool]: ...
     def on_tokens_batch(self, now_ms: float, handles: list[int], counts: list[int], flat_token_ids: list[int]) -> None: ...
     def on_step_output(

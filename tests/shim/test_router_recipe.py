@@ -1,7 +1,7 @@
 """The router recipe in ``deploy/gaie/`` (an EndpointPickerConfig and Helm values for the Gateway API
 Inference Extension's Endpoint Picker) names only series that exist: Meridian's from
 ``names.METRIC_NAMES``, vLLM's from the names vLLM's own stat logger registers (read from its
-source, without importing vLLM); its queue scorer reads ``meridian:phase_weighted_queue``; the
+source, without importing vLLM); its queue scorer reads ``meridian:expected_output_tokens``; the
 config embedded in the Helm values is the standalone file's; and both files name the same GAIE
 release they were written against."""
 
@@ -50,7 +50,7 @@ def known(name: str, defined: set[str]) -> bool:
 
 def test_every_meridian_series_the_recipe_names_is_one_meridian_exports() -> None:
     meridian = {n for n in named_series() if n.startswith("meridian:")}
-    assert METRIC_NAMES["phase_weighted_queue"] in meridian
+    assert METRIC_NAMES["expected_output_tokens"] in meridian
     unknown = {n for n in meridian if not known(n, set(METRIC_NAMES.values()))}
     assert not unknown, unknown
 
@@ -72,8 +72,8 @@ def test_every_metric_flag_names_a_meridian_or_vllm_series() -> None:
         assert SERIES.fullmatch(spec.split("{", 1)[0]), (flag, spec)
 
 
-def test_the_queue_scorer_reads_meridians_phase_weighted_queue() -> None:
-    assert values()["inferenceExtension"]["flags"][QUEUE_FLAG] == METRIC_NAMES["phase_weighted_queue"]
+def test_the_queue_scorer_reads_meridians_expected_output_tokens() -> None:
+    assert values()["inferenceExtension"]["flags"][QUEUE_FLAG] == METRIC_NAMES["expected_output_tokens"]
     config = yaml.safe_load(CONFIG.read_text())
     (profile,) = config["schedulingProfiles"]
     weights = {p["pluginRef"]: p.get("weight") for p in profile["plugins"]}

@@ -289,6 +289,7 @@ impl PyMeridian {
             d.set_item("num_answering", c.num_answering)?;
             d.set_item("least_slack_ms", c.least_slack_ms)?;
             d.set_item("ttfat_headroom_ms", c.ttfat_headroom_ms)?;
+            d.set_item("expected_output_tokens", c.expected_output_tokens)?;
             out.set_item(&class.name, d)?;
         }
         Ok((out, load.phase_weighted_queue))

@@ -164,6 +164,9 @@ class MeridianMetrics:
         self.phase_weighted_queue = gauge(n["phase_weighted_queue"], "Expected remaining output of every request, "
                                           "in fresh requests of its class (a queue length for routers).", base)
         self.class_target = gauge(n["class_target"], "The class's targets (NaN: none set).", [*per_class, "target"])
+        self.expected_output_tokens = gauge(n["expected_output_tokens"], "Expected remaining output tokens of every "
+                                            "request (the phase-weighted queue in tokens; integer-safe for routers).",
+                                            base)
         self.step_time_model = gauge(n["step_time_model"], "The step-time model's coefficients.", [*base, "term"])
         # Create every child now (each value's file is chosen when it is created).
         for name in self._class_names:
@@ -183,7 +186,8 @@ class MeridianMetrics:
             self._child(self.kv_tier_resume_tokens, decision=decision)
         for term in STEP_TIME_TERMS:
             self._child(self.step_time_model, term=term)
-        for series in (self.answer_preemption_alarms, self.kv_tier_failed_load_blocks, self.phase_weighted_queue):
+        for series in (self.answer_preemption_alarms, self.kv_tier_failed_load_blocks, self.phase_weighted_queue,
+                       self.expected_output_tokens):
             self._child(series)
 
     # ---- per finished request -------------------------------------------------------------
@@ -218,6 +222,7 @@ class MeridianMetrics:
             self._child(self.ttfat_headroom, **of_class).set(_seconds(load["ttfat_headroom_ms"]))
             self._child(self.recent_attainment, **of_class).set(attainment.get(name, float("nan")))
         self._child(self.phase_weighted_queue).set(queue)
+        self._child(self.expected_output_tokens).set(sum(float(c["expected_output_tokens"] or 0) for c in classes.values()))
         for term, value in zip(STEP_TIME_TERMS, core.step_time_coefficients(), strict=True):
             self._child(self.step_time_model, term=term).set(value)
         self._mirror_counters(core, thinking_stops)

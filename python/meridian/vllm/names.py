@@ -90,6 +90,7 @@ METRIC_NAMES = {
     "ttfat_headroom": "meridian:ttfat_headroom_seconds",
     "recent_ttfat_attainment": "meridian:recent_ttfat_attainment",
     "phase_weighted_queue": "meridian:phase_weighted_queue",
+    "expected_output_tokens": "meridian:expected_output_tokens",
     "step_time_model": "meridian:step_time_model_ms",
     "class_target": "meridian:class_target_seconds",
 }

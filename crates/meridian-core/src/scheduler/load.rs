@@ -1,7 +1,8 @@
 //! [`Meridian`]'s account of the load it holds, for the operator's gauges and for a router: per
 //! SLO class how many requests wait, prefill, think and answer, the least slack before a TTFAT
 //! or TTFT deadline and the time left to the nearest TTFAT deadline; and the phase-weighted
-//! queue, the engine's expected remaining output in units of a fresh request's. Read-only: it
+//! queue, the engine's expected remaining output in units of a fresh request's (and per class in
+//! tokens). Read-only: it
 //! changes no state, so publishing it can never change a plan. Invariant: internal EAT probes are
 //! never counted, and every figure is finite or absent (`None`), never a sentinel.
 
@@ -29,6 +30,10 @@ pub struct ClassLoad {
     /// passed), with no work deducted: how close the class is to missing, whatever the model
     /// predicts.
     pub ttfat_headroom_ms: Option<f64>,
+    /// Expected remaining output tokens of the class's requests (a waiting request's whole
+    /// expected output): the phase-weighted queue in tokens, for routers that read a gauge as
+    /// an integer.
+    pub expected_output_tokens: f64,
 }
 
 /// The engine's load as one plan sees it.
@@ -63,8 +68,11 @@ impl Meridian {
                 continue;
             }
             let r = *self.hot(h);
-            self.count_request(&mut load.classes[r.class.index()], &r, is_waiting, now_ms, step_ms);
-            load.phase_weighted_queue += self.queue_weight(&r);
+            let class = &mut load.classes[r.class.index()];
+            self.count_request(class, &r, is_waiting, now_ms, step_ms);
+            let (remaining_tokens, fresh_tokens) = self.expected_output(&r);
+            class.expected_output_tokens += remaining_tokens;
+            load.phase_weighted_queue += remaining_tokens / fresh_tokens.max(1.0);
         }
         Ok(load)
     }
@@ -86,9 +94,9 @@ impl Meridian {
         class.ttfat_headroom_ms = Some(class.ttfat_headroom_ms.map_or(headroom_ms, |s| s.min(headroom_ms)));
     }
 
-    /// The request's expected remaining output over a fresh request's of its class (capped by
-    /// what `max_tokens` still allows).
-    fn queue_weight(&self, r: &Hot) -> f64 {
+    /// The request's expected remaining output in tokens (capped by what `max_tokens` still
+    /// allows), and a fresh request's of its class.
+    fn expected_output(&self, r: &Hot) -> (f64, f64) {
         let lengths = &self.lengths[r.class.index()];
         let fresh = if r.is_reasoning { lengths.think.mean() } else { 0.0 } + lengths.answer.mean();
         let remaining = match r.phase {
@@ -99,7 +107,7 @@ impl Meridian {
             _ => lengths.answer.mean(),
         };
         let left_by_limit = f64::from(r.max_tokens.saturating_sub(r.num_output_tokens));
-        remaining.min(left_by_limit) / fresh.max(1.0)
+        (remaining.min(left_by_limit), fresh)
     }
 
     fn is_probe(&self, handle: ReqHandle) -> bool {
@@ -185,6 +193,14 @@ mod tests {
         let fresh_weight = core.engine_load(200.0, &[], &[fresh]).unwrap().phase_weighted_queue;
         let finishing_weight = core.engine_load(200.0, &[finishing], &[]).unwrap().phase_weighted_queue;
         assert!((fresh_weight - 1.0).abs() < 1e-9, "a fresh request is one unit: {fresh_weight}");
+        let fresh_tokens =
+            core.engine_load(200.0, &[], &[fresh]).unwrap().classes[STANDARD].expected_output_tokens;
+        let finishing_tokens =
+            core.engine_load(200.0, &[finishing], &[]).unwrap().classes[STANDARD].expected_output_tokens;
+        assert!(
+            finishing_tokens < 0.5 * fresh_tokens && fresh_tokens > 1.0,
+            "{finishing_tokens} vs {fresh_tokens}"
+        );
         assert!(finishing_weight < 0.5 * fresh_weight, "{finishing_weight} vs {fresh_weight}");
         assert_eq!(core.engine_load(200.0, &[], &[]).unwrap().phase_weighted_queue, 0.0);
     }
@@ -224,6 +240,7 @@ mod tests {
             for c in &load.classes {
                 prop_assert!(c.least_slack_ms.is_none_or(f64::is_finite));
                 prop_assert!(c.ttfat_headroom_ms.is_none_or(f64::is_finite));
+                prop_assert!(c.expected_output_tokens.is_finite() && c.expected_output_tokens >= 0.0);
             }
         }
     }
