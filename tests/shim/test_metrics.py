@@ -79,3 +79,14 @@ def test_metrics_false_publishes_nothing(tiny_model: Path, tmp_path: Path, monke
     scheduler = scheduler_with_metrics(tiny_model, tmp_path, monkeypatch, metrics=False)
     assert scheduler.metrics is None
     assert not list(tmp_path.glob("meridian-metrics-*"))
+
+
+def test_an_unwritable_metrics_folder_is_a_config_error_naming_the_variable(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from meridian.errors import ConfigError
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="MERIDIAN_BUS_DIR"):
+        scheduler_with_metrics(tiny_model, blocker, monkeypatch)

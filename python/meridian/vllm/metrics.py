@@ -37,7 +37,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from meridian._core import THINKING_STOP_RULES
 from meridian.vllm._version import require_supported_vllm
 from meridian.vllm.bus import bus_dir
-from meridian.vllm.names import METRIC_NAMES, SCHEDULER_CLS
+from meridian.errors import ConfigError
+from meridian.vllm.names import BUS_DIR_ENV, METRIC_NAMES, SCHEDULER_CLS
 
 require_supported_vllm()
 
@@ -107,7 +108,13 @@ class MeridianMetrics:
 
     def __init__(self, directory: Path, model_name: str, engine: int,
                  class_targets: Mapping[str, Mapping[str, float | int | None]]) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot create Meridian's metrics directory {str(directory)!r} ({exc}); point "
+                f"{BUS_DIR_ENV} at a writable folder, or set `metrics: false`"
+            ) from exc
         self.directory = directory
         self._base = {"model_name": model_name, "engine": str(engine)}
         self._class_names = list(class_targets)
