@@ -18,18 +18,17 @@ from meridian.demo.loadgen import metric_sum
 from meridian.demo.server import VllmServer, stream_chat
 from meridian.offline.tiny import LETTERS, task_prompt
 
+from tiny_server import FIXTURE, server_args
+
 pytestmark = pytest.mark.vllm
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
 #: The README's --kv-transfer-config, with a 16 MiB tier.
 TIER = {"kv_connector": "MeridianOffloadingConnector", "kv_connector_module_path": "meridian.vllm.kvtier",
         "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {"spec_name": "HostCopyOffloadingSpec", "spec_module_path": "meridian.vllm.kvtier",
                                       "cpu_bytes_to_use": 16 * 1024 * 1024, "offload_prompt_only": False}}
-# 1 KiB of KV per token (see test_server.py): 320 tokens, so a burst of 12 is preempted.
-SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
-               "--kv-cache-memory-bytes", str(320 * 1024), "--max-num-seqs", "16", "--reasoning-parser", "deepseek_r1",
-               "--kv-transfer-config", json.dumps(TIER)]
+# A 320-token cache (tiny_server.PRESSURED_KV_TOKENS), so a burst of 12 is preempted.
+SERVER_ARGS = server_args(scheduler=False) + ["--kv-transfer-config", json.dumps(TIER)]
 CASES = [(60, 5), (8, 20), (90, 3), (25, 12), (70, 8), (3, 2), (45, 15), (99, 26), (12, 4), (33, 9), (80, 1), (50, 22)]
 
 

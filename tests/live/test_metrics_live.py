@@ -23,13 +23,11 @@ from meridian.offline.tiny import prompt_words
 from meridian.vllm.metrics import REQUEST_STATES
 from meridian.vllm.names import METRIC_NAMES
 
+from tiny_server import FIXTURE, MODEL, server_args
+
 pytestmark = pytest.mark.vllm
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
-MODEL = str(FIXTURE)
-SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
-               "--kv-cache-memory-bytes", str(320 * 1024), "--max-num-seqs", "16",
-               "--reasoning-parser", "deepseek_r1", "--scheduler-cls", "meridian.vllm.MeridianScheduler"]
+SERVER_ARGS = server_args()
 CASES = [(12, 3), (30, 5), (7, 2), (45, 4), (20, 6), (9, 1)]
 TTFAT = METRIC_NAMES["ttfat"]
 

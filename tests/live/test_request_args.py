@@ -24,23 +24,20 @@ from meridian.vllm.names import (
     CLASS_ARG,
     CONFIG_KEY,
     MIDDLEWARE,
-    SCHEDULER_CLS,
     THINKING_BUDGET_ARG,
     XARGS_FIELD,
 )
 
+from tiny_server import FIXTURE, MODEL, server_args
+
 pytestmark = pytest.mark.vllm
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
-MODEL = str(FIXTURE)
 #: Two classes of this server's own: `standard`, a default class, is unknown here.
 CLASSES = {"classes": {"gold": {"ttft_ms": 1000, "ttfat_ms": 15000, "answer_tpot_ms": 50, "rank": 0},
                        "bronze": {"ttft_ms": 3000, "ttfat_ms": 60000, "answer_tpot_ms": 100, "rank": 1}},
            "default_class": "bronze", "priority_map": {"0": "bronze"}}
-SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
-               "--kv-cache-memory-bytes", str(4 << 20), "--max-num-seqs", "8", "--reasoning-parser", "deepseek_r1",
-               "--scheduler-cls", SCHEDULER_CLS, "--middleware", MIDDLEWARE,
-               "--additional-config", json.dumps({CONFIG_KEY: CLASSES})]
+SERVER_ARGS = server_args(kv_cache_tokens=4096, max_num_seqs=8) + [
+    "--middleware", MIDDLEWARE, "--additional-config", json.dumps({CONFIG_KEY: CLASSES})]
 NUM_THINK, NUM_ANSWER = 99, 26
 #: (endpoint, request arguments, streamed, the argument the 400 must name).
 BAD: list[tuple[str, dict[str, Any], bool, str]] = [

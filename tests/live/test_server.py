@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -15,16 +16,12 @@ from meridian.demo.loadgen import metric_sum
 from meridian.demo.server import VllmServer, stream_chat
 from meridian.offline.tiny import LETTERS
 
+from tiny_server import FIXTURE, MODEL, server_args
+
 pytestmark = pytest.mark.vllm
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
-MODEL = str(FIXTURE)
-# 2 layers x (K, V) x 2 heads x 32 dims x 4 bytes = 1 KiB of KV per token: a 320-token cache
-# (10 blocks of 32) holds two or three of these requests (up to ~140 tokens each) at full length,
-# so a burst of 12 must wait or be preempted.
-SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
-               "--kv-cache-memory-bytes", str(320 * 1024), "--max-num-seqs", "16",
-               "--reasoning-parser", "deepseek_r1", "--scheduler-cls", "meridian.vllm.MeridianScheduler"]
+# A 320-token cache (tiny_server.PRESSURED_KV_TOKENS): a burst of 12 must wait or be preempted.
+SERVER_ARGS = server_args()
 #: Tokens of KV the cache holds for requests (vLLM keeps one block back as its null block).
 USABLE_KV_TOKENS = 9 * 32
 CASES = [(n, m) for n, m in [(60, 5), (8, 20), (90, 3), (25, 12), (70, 8), (3, 2), (45, 15), (99, 26),
@@ -36,7 +33,7 @@ def expected(n: int, m: int) -> tuple[list[str], list[str]]:
 
 
 @pytest.fixture(scope="module")
-def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> VllmServer:
+def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     folder = tmp_path_factory.mktemp("live")
     config = json.dumps({"meridian": {"request_log_path": str(folder / "requests.jsonl"),
                                       "step_log_path": str(folder / "steps.jsonl")}})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +19,18 @@ from meridian.demo.server import StreamResult, VllmServer, stream_chat
 from meridian.demo.thinking import LOAD_AWARE, MODES, PROCESSOR_ARGS, server_config_json
 from meridian.offline.tiny import LETTERS
 
+from tiny_server import FIXTURE, MODEL, server_args
+
 pytestmark = pytest.mark.vllm
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny-reasoner"
-MODEL = str(FIXTURE)
-SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
-               "--kv-cache-memory-bytes", str(4 << 20), "--max-num-seqs", "8",
-               "--reasoning-parser", "deepseek_r1", "--scheduler-cls", "meridian.vllm.MeridianScheduler"]
+SERVER_ARGS = server_args(kv_cache_tokens=4096, max_num_seqs=8)
 NUM_THINK = 60
 NUM_ANSWER = 5
 RULES = {"budget 12": "budget", "eat": "eat", "proxy": "proxy", "rpdi": "rpdi"}
 
 
 @pytest.fixture(scope="module")
-def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> VllmServer:
+def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     folder = tmp_path_factory.mktemp("live-thinking")
     log = folder / "requests.jsonl"
     args = SERVER_ARGS + PROCESSOR_ARGS + ["--additional-config", server_config_json({"request_log_path": str(log)})]
