@@ -40,7 +40,14 @@ ROWS = [
     ("failed", "failed requests", "{:.0f}"),
     ("preemptions", "preemptions (vLLM /metrics)", "{:.0f}"),
     ("preemptions_answer", "  of which answering (Meridian ledger)", "{:.0f}"),
+    ("speed_probe", "machine speed probe, before / after [ms]", "{}"),
 ]
+#: Printed under the table: why one round each is a demonstration, not a measurement.
+ONE_ROUND_CAVEAT = (
+    "One round per scheduler: at this rate the engine sits at the edge of a standing queue, and on a shared "
+    "2-core machine whether a round falls into one moves the same scheduler's TTFO p50 several-fold between "
+    "rounds (the speed probe need not show it). The pooled medians above can go either way; the per-class rows "
+    "and the preemptions are steadier. Medians over alternating rounds: `make bench-live` (README, Benchmarks).")
 
 
 def run_part(model: Path | None, cache_dir: Path, num_requests: int = DEMO_REQUESTS, rate_rps: float = DEMO_RATE_RPS) -> dict[str, Any]:
@@ -78,17 +85,20 @@ def run_part(model: Path | None, cache_dir: Path, num_requests: int = DEMO_REQUE
             rows[policy] = table_row(row)
     # The labels' units are in brackets, which rich would take for markup.
     console.print(render(rows), markup=False, highlight=False)
+    console.print(ONE_ROUND_CAVEAT, markup=False, highlight=False)
     return {"workload": {"num_requests": num_requests, "rate_rps": rate_rps}, "results": rows}
 
 
 def table_row(row: dict[str, Any]) -> dict[str, Any]:
     """The demo's figures of one round (``meridian.demo.loadgen.run_round``'s row)."""
     by_phase = row.get("preemptions_by_phase") or {}
+    probe = row.get("speed_probe_ms") or {}
     return {
         **{key: row.get(key) for key, _, _ in ROWS},
         "interactive_good": row["per_class"]["interactive"]["good"],
         "failed": row["errors"] + row["failed_in_records"] + row["empty_responses"],
         "preemptions_answer": by_phase.get("answer"),
+        "speed_probe": f"{probe['before']:.0f} / {probe['after']:.0f}" if probe else None,
     }
 
 
