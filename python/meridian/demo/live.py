@@ -47,7 +47,9 @@ ONE_ROUND_CAVEAT = (
     "One round per scheduler: at this rate the engine sits at the edge of a standing queue, and on a shared "
     "2-core machine whether a round falls into one moves the same scheduler's TTFO p50 several-fold between "
     "rounds (the speed probe need not show it). The pooled medians above can go either way; the per-class rows "
-    "and the preemptions are steadier. Medians over alternating rounds: `make bench-live` (README, Benchmarks).")
+    "and the preemptions are steadier. Throughput and goodput are aiperf's: divided by the time to the last "
+    "answer, which Meridian lengthens by serving the batch class last (inside its target). Medians over "
+    "alternating rounds: `make bench-live` (README, Benchmarks).")
 
 
 def run_part(model: Path | None, cache_dir: Path, num_requests: int = DEMO_REQUESTS, rate_rps: float = DEMO_RATE_RPS) -> dict[str, Any]:
