@@ -108,20 +108,30 @@ def test_every_series_the_dashboard_reads_is_on_the_servers_metrics(server: Vllm
     assert not missing, f"the dashboard reads series the server does not export: {sorted(missing)}"
 
 
+def is_busy(busy: dict[str, float]) -> bool:
+    """Requests thinking (or prefilling) while others wait, by the state gauges."""
+    return bool(busy) and busy["thinking"] + busy["prefilling"] > 0 and busy["waiting"] > 0
+
+
 def test_gauges_follow_the_requests_and_return_to_zero_when_idle(server: VllmServer) -> None:
-    # Forty long prompts in one streamed request reach the scheduler together, into a cache that
-    # holds two: once the first tokens stream back, requests are thinking and most still wait,
-    # for seconds — and the engine core has refreshed the gauges with that step's output.
+    # Forty long prompts in one streamed request, into a cache that holds two: for seconds,
+    # requests think while most wait. vLLM hands the prompts to the engine one by one and the
+    # engine may step (and stream a first token) before the last arrives, so the gauges are
+    # scraped while the stream runs, at most every 0.1 s, until one scrape shows both.
     prompts = [" ".join(prompt_words(99 - i, 26)) for i in range(40)]
     body = {"model": MODEL, "prompt": prompts, "max_tokens": 200, "temperature": 0.0, "stream": True}
+    busy: dict[str, float] = {}
     during: Samples = []
+    next_scrape_s = 0.0
     with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=300) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
-            if line.startswith("data:") and not during:
-                during = scrape(server)
-    busy = {s: total(during, METRIC_NAMES["num_requests"], state=s) for s in REQUEST_STATES}
-    assert busy["thinking"] + busy["prefilling"] > 0 and busy["waiting"] > 0, busy
+            if not line.startswith("data:") or is_busy(busy) or time.monotonic() < next_scrape_s:
+                continue
+            next_scrape_s = time.monotonic() + 0.1
+            during = scrape(server)
+            busy = {s: total(during, METRIC_NAMES["num_requests"], state=s) for s in REQUEST_STATES}
+    assert is_busy(busy), busy
     assert total(during, METRIC_NAMES["phase_weighted_queue"]) > 0.0
     samples = scrape(server)
     for state in REQUEST_STATES:
