@@ -4,8 +4,9 @@ from collections.abc import Sequence
 from typing import Final, Literal, final
 
 __all__ = [
-    "__version__", "CLASS_ARG", "POLICY_NAMES", "THINKING_STOP_RULES", "THINKING_ARG", "THINKING_BUDGET_ARG",
-    "Config", "FinishedRequest", "Meridian", "RestorePlan", "StepPlan", "ThinkingControl", "ThinkingStream", "check_request_args", "kernel_source",
+    "__version__", "CLASS_ARG", "POLICY_NAMES", "SHED_MARKER", "SHED_REASONS", "THINKING_STOP_RULES", "THINKING_ARG",
+    "THINKING_BUDGET_ARG", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
+    "ThinkingStream", "check_request_args", "kernel_source",
 ]
 __version__: str
 #: Request argument (``vllm_xargs`` / ``SamplingParams.extra_args``) naming the SLO class.
@@ -17,6 +18,10 @@ THINKING_BUDGET_ARG: Final = "meridian_thinking_budget_tokens"
 #: Every ``policy`` name, the product first: ``("meridian", "answer_first", "pascal", "uniboost", "scorpio")``.
 POLICY_NAMES: Final[tuple[str, ...]]
 THINKING_STOP_RULES: Final[tuple[str, ...]]
+#: What every shed request's message (its stop reason) starts with.
+SHED_MARKER: Final = "meridian:shed"
+#: The targets a request is shed for: ``("ttft", "ttfat")``.
+SHED_REASONS: Final[tuple[str, ...]]
 
 def kernel_source(name: str) -> str:
     """Source of a bundled CUDA kernel file by name."""
@@ -110,6 +115,29 @@ class StepPlan:
     @property
     def prefetch(self) -> list[int]:
         """Indices into ``waiting`` whose prefixes to look up in a staged KV tier now (prefetch)."""
+    @property
+    def shed(self) -> list[Shed]:
+        """Requests to end early before vLLM schedules (late requests of ``shed`` classes); last
+        in their list's order and not counted in ``num_admissible``."""
+
+@final
+class Shed:
+    """A request a plan ends early, and what its client is told."""
+
+    @property
+    def running(self) -> bool:
+        """Whether ``index`` is into ``running`` (else into ``waiting``)."""
+    @property
+    def index(self) -> int: ...
+    @property
+    def reason(self) -> str:
+        """The target it can no longer meet: ``ttft`` or ``ttfat``."""
+    @property
+    def message(self) -> str:
+        """Starts with ``SHED_MARKER``; names the request, its class and the target."""
+    @property
+    def retry_after_s(self) -> int:
+        """When to try again (HTTP ``Retry-After``), in whole seconds."""
 
 @final
 class FinishedRequest:
@@ -157,6 +185,9 @@ class FinishedRequest:
     @property
     def unknown_finish_reason(self) -> str | None:
         """The finish reason as passed when the core does not know it (``reason`` is then ``error``)."""
+    @property
+    def shed(self) -> str | None:
+        """Why a plan ended it early (``ttft`` or ``ttfat``); ``None`` otherwise."""
 
 @final
 class Meridian:

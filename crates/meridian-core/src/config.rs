@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::predictor::LearningRate;
-use crate::slo::{ClassId, SloClass, SloTargets};
+use crate::slo::{ClassId, OnOverload, SloClass, SloTargets};
 use crate::thinking::ThinkingControl;
 
 /// What happens to the KV blocks of a finished reasoning request from the start of its reasoning on.
@@ -189,6 +189,8 @@ struct RawClass {
     rank: u8,
     #[serde(default)]
     thinking_control: Option<ThinkingControl>,
+    #[serde(default)]
+    on_overload: Option<OnOverload>,
 }
 
 /// Raw configuration as deserialized from JSON; every field is optional.
@@ -219,6 +221,7 @@ struct RawConfig {
     predictor: Option<RawPredictor>,
     arrival_preemption: Option<RawArrivalPreemption>,
     prefix_affinity: Option<RawPrefixAffinity>,
+    overload: Option<RawOverload>,
     request_log_path: Option<String>,
     step_log_path: Option<String>,
     metrics: Option<bool>,
@@ -280,6 +283,51 @@ pub struct PrefixAffinity {
 impl Default for PrefixAffinity {
     fn default() -> Self {
         Self { enabled: true, slack_guard_ttft_factor: 0.5 }
+    }
+}
+
+/// Raw `overload` block.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOverload {
+    min_success_probability: Option<f64>,
+    shed_running: Option<bool>,
+    fcfs_slack_ttft_factor: Option<f64>,
+    tpot_guard: Option<bool>,
+}
+
+/// How the policy judges and triages work that does not fit (key `overload`). A request's
+/// probability of meeting its targets comes from its class's remaining-thinking distribution
+/// (given what it has thought), the time left to its deadlines and the predicted step time; one
+/// below `min_success_probability` is late, and its class's [`OnOverload`] decides what becomes
+/// of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Overload {
+    /// Below this probability of meeting its TTFT and TTFAT targets a request is late (default
+    /// 0.1), in (0, 1).
+    pub min_success_probability: f64,
+    /// Under `shed`, a running request that has not started answering is shed too when it turns
+    /// late (default true); a waiting one always is.
+    pub shed_running: bool,
+    /// Light load: a waiting request with more slack than this many times its class's TTFT target
+    /// waits in arrival order behind every request with less (default 0.5; 0: never — class rank
+    /// and slack alone order the queue), so no class's slack is spent while every class is safely
+    /// inside its targets.
+    pub fcfs_slack_ttft_factor: f64,
+    /// Admission stops where the step-time model predicts that the decode step would exceed the
+    /// tightest answer TPOT target among the running and admitted requests (with
+    /// `tpot_headroom`), as SCORPIO's virtual batch size does (default true).
+    pub tpot_guard: bool,
+}
+
+impl Default for Overload {
+    fn default() -> Self {
+        Self {
+            min_success_probability: crate::predictor::DEFAULT_VIABLE_LEVEL,
+            shed_running: true,
+            fcfs_slack_ttft_factor: 0.5,
+            tpot_guard: true,
+        }
     }
 }
 
@@ -361,6 +409,8 @@ pub struct Config {
     pub arrival_preemption: ArrivalPreemption,
     /// Prefix-aware admission.
     pub prefix_affinity: PrefixAffinity,
+    /// Judging and triaging late work.
+    pub overload: Overload,
     /// File the shim appends one JSON line to per finished request (its ledger), if set.
     pub request_log_path: Option<String>,
     /// File the shim appends one JSON line to per engine step (batch shape and measured time), for
@@ -551,6 +601,7 @@ impl Config {
             predictor: validate_predictor(raw.predictor.unwrap_or_default())?,
             arrival_preemption: validate_arrival_preemption(raw.arrival_preemption.unwrap_or_default())?,
             prefix_affinity: validate_prefix_affinity(raw.prefix_affinity.unwrap_or_default())?,
+            overload: validate_overload(raw.overload.unwrap_or_default())?,
             request_log_path: log_path("request_log_path", raw.request_log_path)?,
             step_log_path: log_path("step_log_path", raw.step_log_path)?,
             metrics: raw.metrics.unwrap_or(true),
@@ -587,6 +638,26 @@ fn validate_prefix_affinity(raw: RawPrefixAffinity) -> Result<PrefixAffinity> {
     })
 }
 
+fn validate_overload(raw: RawOverload) -> Result<Overload> {
+    let defaults = Overload::default();
+    let probability = raw.min_success_probability.unwrap_or(defaults.min_success_probability);
+    if !(probability.is_finite() && probability > 0.0 && probability < 1.0) {
+        return Err(Error::config(
+            "overload.min_success_probability",
+            format!("{probability} is not in (0, 1)"),
+        ));
+    }
+    Ok(Overload {
+        min_success_probability: probability,
+        shed_running: raw.shed_running.unwrap_or(defaults.shed_running),
+        fcfs_slack_ttft_factor: non_negative(
+            "overload.fcfs_slack_ttft_factor",
+            raw.fcfs_slack_ttft_factor.unwrap_or(defaults.fcfs_slack_ttft_factor),
+        )?,
+        tpot_guard: raw.tpot_guard.unwrap_or(defaults.tpot_guard),
+    })
+}
+
 fn validate_predictor(raw: RawPredictor) -> Result<LearningRate> {
     let defaults = LearningRate::default();
     Ok(LearningRate {
@@ -617,6 +688,7 @@ fn default_classes() -> Vec<SloClass> {
         name: name.to_owned(),
         rank,
         targets: SloTargets { ttft_ms, ttfat_ms, answer_tpot_ms, e2e_ms: None },
+        on_overload: OnOverload::default(),
     };
     vec![
         class("interactive", 0, 1_000.0, 15_000.0, 50.0),
@@ -672,6 +744,7 @@ fn validate_classes(raw: Option<BTreeMap<String, RawClass>>) -> Result<Validated
                 },
                 name,
                 rank: c.rank,
+                on_overload: c.on_overload.unwrap_or_default(),
             };
             Ok((class, c.thinking_control))
         })

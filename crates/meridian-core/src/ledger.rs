@@ -264,6 +264,9 @@ pub struct ClassCounters {
     /// This class's running requests the plan preempted on arrival of a more important one
     /// (counted when the plan decides, live requests included).
     pub num_arrival_preemptions: u64,
+    /// Requests ended early because they could no longer meet their targets (also counted in
+    /// `num_aborted`), by the target they could not meet: TTFT, then TTFAT.
+    pub num_shed: [u64; 2],
 }
 
 /// [`PhaseCounts`] widened for aggregates.

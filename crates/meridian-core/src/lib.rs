@@ -43,7 +43,7 @@ pub mod thinking;
 pub mod thinking_stream;
 
 pub use config::{
-    ArrivalPreemption, Config, KvTierConfig, Policy, PrefixAffinity, ReasoningBlockRule, RestoreMode,
+    ArrivalPreemption, Config, KvTierConfig, Overload, Policy, PrefixAffinity, ReasoningBlockRule, RestoreMode,
     StepTimeProfile,
 };
 pub use error::{Error, Result};
@@ -56,9 +56,9 @@ pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
 pub use request_args::check_request_args;
 pub use scheduler::{
     ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Meridian, NewRequest, Preemption, ReqHandle,
-    SchedulerStats, StepPlan,
+    SchedulerStats, Shed, ShedNotice, ShedReason, StepPlan, SHED_MARKER,
 };
-pub use slo::{ClassId, SloClass, SloTargets, CLASS_ARG};
+pub use slo::{ClassId, OnOverload, SloClass, SloTargets, CLASS_ARG};
 pub use step_model::{StepCoefficients, StepShape};
 pub use thinking::{
     Boundaries, Boundary, ClosingPolicy, EatRule, EatSignal, FiredAt, IgnoredInputs, LoadAwareBudget,

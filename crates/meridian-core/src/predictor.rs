@@ -64,9 +64,13 @@ pub struct ResidualLength {
     survival: [f64; NUM_BUCKETS],
     /// Per bucket: mean length of the lengths in this bucket and above (`None`: no weight there).
     tail_mean: [Option<f64>; NUM_BUCKETS],
-    /// Per bucket: the median and p90 of `L − e | L > e` at the bucket's lower edge `e`.
+    /// Per bucket: the median and p90 of `L − e | L > e` at the bucket's lower edge `e`, and its
+    /// quantile at the viability level (see [`Quantile::Viable`]).
     residual_p50: [f64; NUM_BUCKETS],
     residual_p90: [f64; NUM_BUCKETS],
+    residual_viable: [f64; NUM_BUCKETS],
+    /// The level of [`Quantile::Viable`], in (0, 1).
+    viable_level: f64,
     /// Index of the highest bucket with weight (`None` when empty).
     top: Option<usize>,
     dirty: bool,
@@ -104,16 +108,15 @@ pub enum Quantile {
     P50,
     /// The 90th percentile.
     P90,
+    /// The quantile at the estimator's viability level ([`ResidualLength::set_viable_level`],
+    /// default [`DEFAULT_VIABLE_LEVEL`]): a request with at least this much room left still
+    /// finishes in it with that probability, so comparing the room with it answers "is the
+    /// probability of finishing in time at least the level?" with one table lookup.
+    Viable,
 }
 
-impl Quantile {
-    fn level(self) -> f64 {
-        match self {
-            Quantile::P50 => 0.5,
-            Quantile::P90 => 0.9,
-        }
-    }
-}
+/// The default level of [`Quantile::Viable`].
+pub const DEFAULT_VIABLE_LEVEL: f64 = 0.1;
 
 impl ResidualLength {
     /// An estimator seeded with `prior` (lengths in tokens) at the default learning rate.
@@ -136,6 +139,8 @@ impl ResidualLength {
             tail_mean: [None; NUM_BUCKETS],
             residual_p50: [1.0; NUM_BUCKETS],
             residual_p90: [1.0; NUM_BUCKETS],
+            residual_viable: [1.0; NUM_BUCKETS],
+            viable_level: DEFAULT_VIABLE_LEVEL,
             top: None,
             dirty: true,
         };
@@ -147,6 +152,16 @@ impl ResidualLength {
         }
         p.rebuild();
         p
+    }
+
+    /// Sets the level of [`Quantile::Viable`] (clamped into [0.001, 0.999]); the table follows
+    /// at the next [`Self::refresh`].
+    pub fn set_viable_level(&mut self, level: f64) {
+        let level = if level.is_nan() { DEFAULT_VIABLE_LEVEL } else { level.clamp(0.001, 0.999) };
+        if level != self.viable_level {
+            self.viable_level = level;
+            self.dirty = true;
+        }
     }
 
     /// Feeds one finished request's length.
@@ -193,6 +208,7 @@ impl ResidualLength {
         let at_edge = match q {
             Quantile::P50 => self.residual_p50[b],
             Quantile::P90 => self.residual_p90[b],
+            Quantile::Viable => self.residual_viable[b],
         };
         (at_edge - (a - lower_edge(b))).max(1.0)
     }
@@ -285,21 +301,25 @@ impl ResidualLength {
                 self.top = Some(b);
             }
         }
-        let (mut cursor_p50, mut cursor_p90) = (0, 0);
+        let (mut cursor_p50, mut cursor_p90, mut cursor_viable) = (0, 0, 0);
         for b in 0..NUM_BUCKETS {
             let here = self.survival[b];
             if here <= EMPTY {
                 self.residual_p50[b] = 1.0;
                 self.residual_p90[b] = 1.0;
+                self.residual_viable[b] = 1.0;
                 continue;
             }
             let edge = lower_edge(b);
             cursor_p50 = cursor_p50.max(b);
             cursor_p90 = cursor_p90.max(b);
-            let x50 = self.length_where_survival_is(&mut cursor_p50, here * (1.0 - Quantile::P50.level()));
-            let x90 = self.length_where_survival_is(&mut cursor_p90, here * (1.0 - Quantile::P90.level()));
+            cursor_viable = cursor_viable.max(b);
+            let x50 = self.length_where_survival_is(&mut cursor_p50, here * 0.5);
+            let x90 = self.length_where_survival_is(&mut cursor_p90, here * 0.1);
+            let viable = self.length_where_survival_is(&mut cursor_viable, here * (1.0 - self.viable_level));
             self.residual_p50[b] = (x50 - edge).max(1.0);
             self.residual_p90[b] = (x90 - edge).max(1.0);
+            self.residual_viable[b] = (viable - edge).max(1.0);
         }
         self.dirty = false;
     }
@@ -482,6 +502,27 @@ mod tests {
             let (m, q90) = (p.remaining_quantile(attained, Quantile::P50), p.remaining_quantile(attained, Quantile::P90));
             prop_assert!(m.is_finite() && q90.is_finite() && m >= 1.0);
             prop_assert!(q90 + 1e-9 >= m, "p90 {q90} below the median {m}");
+        }
+
+        /// The viability quantile answers the probability question: read at a bucket's lower
+        /// edge (where the table is exact), room of that many tokens holds the rest with the
+        /// level's probability.
+        #[test]
+        fn the_viable_quantile_matches_prob_within(
+            sample in prop::collection::vec(1u32..20_000, 5..60),
+            bucket in 0usize..60,
+            level in 0.05f64..0.95,
+        ) {
+            let mut p = ResidualLength::new(&sample);
+            p.set_viable_level(level);
+            p.refresh();
+            let attained = lower_edge(bucket) as u32;
+            let q = p.remaining_quantile(attained, Quantile::Viable);
+            prop_assert!(q.is_finite() && q >= 1.0);
+            if q > 1.0 && p.survival_at(f64::from(attained)) > EMPTY {
+                let within = p.prob_within(attained, q);
+                prop_assert!((within - level).abs() < 0.02, "room {q}: P = {within}, level {level}");
+            }
         }
     }
 }

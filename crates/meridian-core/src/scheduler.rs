@@ -20,7 +20,7 @@ use crate::ledger::{Attainment, ClassCounters, FinishReason, PhaseCountsU64, Req
 use crate::phase::{Phase, PhaseTracker, ReasoningMarkers};
 use crate::predictor::{Quantile, ResidualLength};
 use crate::prefix_index::PrefixIndex;
-use crate::slo::{ClassId, SloTargets};
+use crate::slo::{ClassId, OnOverload, SloTargets};
 use crate::step_model::{StepCoefficients, StepSample, StepShape, StepTimeModel};
 
 /// Opaque handle of a tracked request: slot index in the low 32 bits, slot generation in the high
@@ -112,6 +112,10 @@ pub struct StepPlan {
     /// a staged KV tier now, so that slower tiers move them up before their turn (prefetch);
     /// empty without a staged tier. Each request at most once.
     pub prefetch: Vec<u32>,
+    /// Requests to end early, before vLLM schedules the step: late requests of `shed` classes
+    /// ([`OnOverload::Shed`]), each with the target it can no longer meet. They are last in their
+    /// list's order and not counted in `num_admissible`. Each request at most once.
+    pub shed: Vec<Shed>,
 }
 
 /// What a preemption meant.
@@ -144,6 +148,8 @@ pub struct FinishedRequest {
     /// Token index from which its KV blocks can never be a prefix hit again (DESIGN §3 tier 1),
     /// or `None` when they stay ordinary prefix-cache blocks.
     pub never_reusable_from_token: Option<u32>,
+    /// Why a plan ended it early ([`StepPlan::shed`]); `None` for every other request.
+    pub shed: Option<ShedReason>,
 }
 
 /// Engine-wide counters; monotone.
@@ -173,6 +179,8 @@ pub struct SchedulerStats {
     /// Requests finished with a finish reason the core does not know (each also counts in
     /// `num_finished`, as [`FinishReason::Error`]; probes are not counted).
     pub num_unknown_finish_reasons: u64,
+    /// Requests a plan listed to end early ([`StepPlan::shed`]).
+    pub num_shed: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -204,6 +212,8 @@ struct Tracked {
     block_hashes: Box<[u64]>,
     /// A plan already had its prefix looked up in a staged tier ([`StepPlan::prefetch`]).
     prefetched: bool,
+    /// A plan listed it to end early, for this reason ([`StepPlan::shed`]).
+    shed: Option<ShedReason>,
 }
 
 impl Tracked {
@@ -225,6 +235,8 @@ struct Hot {
     arrival_ms: f64,
     /// Latest token, or the arrival when none has come yet.
     last_token_ms: f64,
+    /// First answer token (the arrival before it comes).
+    first_answer_ms: f64,
     waiting_since_ms: f64,
     /// When a plan last preempted it on arrival (−∞: never).
     arrival_preempted_ms: f64,
@@ -242,6 +254,8 @@ struct Hot {
     /// Tokens of its prefix a tier holds (0 after a failed load: it recomputes), and the tier.
     num_stored_tokens: u32,
     stored_tier: u8,
+    /// A plan listed it to end early: it goes last and is never admitted or chosen again.
+    shed: bool,
 }
 
 impl Hot {
@@ -251,6 +265,7 @@ impl Hot {
             live: true,
             arrival_ms: r.ledger.arrival_ms,
             last_token_ms: r.ledger.last_token_ms.unwrap_or(r.ledger.arrival_ms),
+            first_answer_ms: r.ledger.first_answer_ms.unwrap_or(r.ledger.arrival_ms),
             waiting_since_ms: r.waiting_since_ms,
             arrival_preempted_ms: r.arrival_preempted_ms.unwrap_or(f64::NEG_INFINITY),
             num_tokens: r.num_tokens(),
@@ -269,6 +284,7 @@ impl Hot {
                 .filter(|_| !r.kv_load_failed)
                 .map_or(0, |s| s.num_tokens.min(r.num_tokens())),
             stored_tier: r.stored_prefix.map_or(0, |s| s.tier.0),
+            shed: r.shed.is_some(),
         }
     }
 }
@@ -296,6 +312,11 @@ struct RunningLoad {
     num_reserved_blocks: u32,
     /// Tightest answer TPOT target among answering requests (∞ when none answers).
     answer_tpot_ms: f64,
+    /// The longest step every answering request can absorb with its mean TPOT still within its
+    /// target (with `tpot_headroom`) over the answer so far: the time it banked by running faster
+    /// than its target, after the step in flight (∞ when none answers). Only banked time is
+    /// spent, never time the rest of an answer of unknown length would bring.
+    least_banked_ms: f64,
     /// Tightest answer TPOT target among all running requests (∞ when none runs).
     any_tpot_ms: f64,
 }
@@ -339,6 +360,14 @@ fn pack_exact((group, primary, tie): OrderKey, position: u32) -> u128 {
     u128::from(head) << 64 | u128::from(tie) << 32 | u128::from(position)
 }
 
+/// The rank under which waiting requests safely inside their targets queue in arrival order:
+/// behind every rank a class can have below it (late ones queue under `u8::MAX`).
+const SAFE_RANK: u8 = u8::MAX - 1;
+
+/// A step that spends banked answer time stays this far below a stall's length (a gap above
+/// `stall_factor` × the TPOT target).
+const STALL_MARGIN: f64 = 0.5;
+
 /// Waiting requests at the head of the order that prefix-aware admission orders again.
 pub const PREFIX_AFFINITY_WINDOW: usize = 64;
 
@@ -378,6 +407,15 @@ pub struct Meridian {
     /// Per class: the median thinking of a request that has not thought yet, refreshed at the
     /// start of every plan (the slack of every waiting request reads it).
     fresh_think_p50_tokens: Vec<f64>,
+    /// Per class: the thinking a request that has not thought yet needs to be viable
+    /// ([`crate::predictor::Quantile::Viable`]), refreshed with `fresh_think_p50_tokens`.
+    fresh_think_viable_tokens: Vec<f64>,
+    /// Per class: what becomes of its late requests.
+    class_triage: Vec<OnOverload>,
+    /// The decode step the last plan predicted (the answer bank of the next plan reads it).
+    last_decode_step_ms: f64,
+    /// Whether any class sheds (the plan skips the triage pass otherwise).
+    any_shed_class: bool,
     /// The KV tiers beyond the device and their load costs.
     kv_tiers: KvTiers,
     /// The shape of the last step measured: the extra step a KV load costs is priced as one
@@ -410,14 +448,25 @@ impl Meridian {
         let inv_aging_ms = 1.0 / config.aging_ms;
         let uniboost_ms_per_token = 1_000.0 / config.uniboost_gamma_tokens_per_s;
         let class_table: Vec<_> = config.classes.iter().map(|c| (c.targets, c.rank)).collect();
+        let class_triage: Vec<_> = config.classes.iter().map(|c| c.on_overload).collect();
         let kv_tiers = KvTiers::new(config.kv_tier);
+        let viable_level = config.overload.min_success_probability;
         Ok(Self {
             lengths: (0..config.classes.len())
-                .map(|_| ClassLengths {
-                    think: ResidualLength::with_rate(&config.think_tokens_prior, config.predictor),
-                    answer: ResidualLength::with_rate(&config.answer_tokens_prior, config.predictor),
+                .map(|_| {
+                    let mut think = ResidualLength::with_rate(&config.think_tokens_prior, config.predictor);
+                    think.set_viable_level(viable_level);
+                    think.refresh();
+                    ClassLengths {
+                        think,
+                        answer: ResidualLength::with_rate(&config.answer_tokens_prior, config.predictor),
+                    }
                 })
                 .collect(),
+            any_shed_class: class_triage.contains(&OnOverload::Shed),
+            last_decode_step_ms: 0.0,
+            class_triage,
+            fresh_think_viable_tokens: vec![0.0; class_table.len()],
             step_model: StepTimeModel::new(&config.step_time),
             class_counters: vec![ClassCounters::default(); config.classes.len()],
             recent_ttfat_attainment: vec![None; config.classes.len()],
@@ -534,6 +583,7 @@ impl Meridian {
             block_hashes: Box::default(),
             prefetched: false,
             probe: false,
+            shed: None,
         };
         let handle = self.insert(tracked);
         self.by_req_id.insert(req.req_id.to_owned(), handle);
@@ -583,14 +633,17 @@ impl Meridian {
     ) -> Result<StepPlan> {
         let now_ms = check_time_ms("now_ms", now_ms)?;
         self.check_distinct(running, waiting)?;
-        for (lengths, fresh) in self.lengths.iter_mut().zip(&mut self.fresh_think_p50_tokens) {
+        for (i, lengths) in self.lengths.iter_mut().enumerate() {
             lengths.think.refresh();
             lengths.answer.refresh();
-            *fresh = lengths.think.remaining_quantile(0, Quantile::P50);
+            self.fresh_think_p50_tokens[i] = lengths.think.remaining_quantile(0, Quantile::P50);
+            self.fresh_think_viable_tokens[i] = lengths.think.remaining_quantile(0, Quantile::Viable);
         }
         self.refresh_restore_bounds();
-        let load = self.running_load(running);
+        let load = self.running_load(now_ms, running);
         let decode_step_ms = self.step_model.predict_ms(load.decodes());
+        self.last_decode_step_ms = decode_step_ms;
+        let shed = self.triage(now_ms, running, waiting, decode_step_ms);
         let running_order = self.order_running(now_ms, running, decode_step_ms);
         let waiting_order = self.order_waiting(now_ms, waiting, decode_step_ms);
         let num_reserved_blocks = load.num_reserved_blocks;
@@ -602,12 +655,13 @@ impl Meridian {
             num_free_blocks.saturating_sub(num_reserved_blocks),
             decode_step_ms,
         );
+        let (shed_seats, shed_blocks) = self.freed_by_shed(running, &shed);
         let num_admissible = self.num_admissible(
             waiting,
             &waiting_order,
-            num_free_blocks.saturating_add(freed_blocks),
+            num_free_blocks.saturating_add(freed_blocks).saturating_add(shed_blocks),
             num_reserved_blocks,
-            running.len() - preempt.len(),
+            running.len().saturating_sub(preempt.len() + shed_seats),
             &load,
         );
         let token_budget = self.token_budget(&load);
@@ -617,6 +671,7 @@ impl Meridian {
         let step_id = self.stats.num_steps;
         self.stats.num_steps += 1;
         self.remember_step(PendingStep { step_id, scheduled_at_ms: now_ms });
+        self.stats.num_shed += shed.len() as u64;
         Ok(StepPlan {
             step_id,
             running_order,
@@ -627,6 +682,7 @@ impl Meridian {
             held,
             preempt,
             prefetch,
+            shed,
         })
     }
 
@@ -758,6 +814,7 @@ impl Meridian {
                 attainment: Attainment::judge(&metrics, &targets),
                 metrics,
                 never_reusable_from_token: None,
+                shed: None,
                 reason,
                 unknown_finish_reason,
                 class: request.class,
@@ -765,7 +822,11 @@ impl Meridian {
                 req_id: request.req_id,
             });
         }
-        self.class_counters[request.class.index()].record(&request.ledger, reason, &targets);
+        let counters = &mut self.class_counters[request.class.index()];
+        counters.record(&request.ledger, reason, &targets);
+        if let Some(shed) = request.shed {
+            counters.num_shed[shed as usize] += 1;
+        }
         if reason.completed() {
             let met = Attainment::judge(&request.ledger.metrics(), &targets).ttfat;
             let recent = &mut self.recent_ttfat_attainment[request.class.index()];
@@ -783,6 +844,7 @@ impl Meridian {
             attainment: Attainment::judge(&metrics, &targets),
             metrics,
             never_reusable_from_token,
+            shed: request.shed,
             reason,
             unknown_finish_reason,
             class: request.class,
@@ -868,6 +930,10 @@ impl Meridian {
             Policy::UniBoost => return (0, sortable(self.boosted_arrival_ms(r)), 0),
             Policy::Scorpio => return (0, sortable(r.arrival_ms), 0),
         }
+        if r.shed {
+            // The shim ends it before vLLM schedules the step: last, out of everyone's way.
+            return (7, 0, 0);
+        }
         let targets = self.targets(r.class);
         let restorable = self.restorable_tokens(r);
         // Sunk work is what a preemption would throw away: a prefix a tier gives back is kept.
@@ -881,7 +947,8 @@ impl Meridian {
             );
         }
         let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
-        match (r.has_started, slack_ms >= 0.0) {
+        let viable = self.lateness(now_ms, r, &targets, step_ms, false).is_none();
+        match (r.has_started, viable) {
             (true, true) => (1, sortable(slack_ms), sunk_key),
             (true, false) if now_ms - r.arrival_ms >= self.late_think_bound_ms(&targets) => {
                 (2, sunk_key << 32, u64::from(sortable32(r.arrival_ms)))
@@ -1008,6 +1075,10 @@ impl Meridian {
             Policy::UniBoost => return (0, sortable(self.boosted_arrival_ms(r)), 0),
             Policy::Scorpio => return self.scorpio_waiting_key(now_ms, r),
         }
+        if r.shed {
+            // The shim ends it before vLLM schedules the step: behind everyone, never admitted.
+            return (7, u64::MAX, 0);
+        }
         if r.preempted {
             return self.running_key(now_ms, handle, step_ms);
         }
@@ -1019,7 +1090,7 @@ impl Meridian {
             return (6, sortable(r.arrival_ms), 0);
         }
         let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
-        if slack_ms < 0.0 {
+        if self.lateness(now_ms, r, &targets, step_ms, true).is_some() {
             if waited_ms >= late_bound_ms {
                 return (6, sortable(r.arrival_ms), 0);
             }
@@ -1030,15 +1101,24 @@ impl Meridian {
                 u64::from(sortable32(r.arrival_ms)),
             );
         }
-        let rank = self.class_table[r.class.index()].1;
-        let aged_rank = u64::from(rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8));
+        let fcfs_factor = self.config.overload.fcfs_slack_ttft_factor;
+        let safe = fcfs_factor > 0.0 && slack_ms >= fcfs_factor * targets.ttft_ms;
+        let (rank, urgency) = if safe {
+            // Safely inside its targets: arrival order, behind every request with less slack
+            // (light load: no class's slack is spent for another's small gain).
+            (SAFE_RANK, r.arrival_ms)
+        } else {
+            let rank = self.class_table[r.class.index()].1.min(SAFE_RANK - 1);
+            (rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8), slack_ms)
+        };
+        let rank = u64::from(rank);
         if let Some(affinity) = with_affinity.then(|| self.affinity_key(r, &targets, slack_ms)).flatten() {
-            // Within the rank: requests within their slack guard by slack, then the others with
-            // the longest cached prefix first, by slack among equals.
-            let primary = aged_rank << 56 | affinity << 50 | sortable(slack_ms) >> 14;
+            // Within the rank: requests within their slack guard by urgency, then the others
+            // with the longest cached prefix first, by urgency among equals.
+            let primary = rank << 56 | affinity << 50 | sortable(urgency) >> 14;
             return (7, primary, u64::from(sortable32(r.arrival_ms)));
         }
-        (7, aged_rank << 56 | sortable(slack_ms) >> 8, u64::from(sortable32(r.arrival_ms)))
+        (7, rank << 56 | sortable(urgency) >> 8, u64::from(sortable32(r.arrival_ms)))
     }
 
     /// UniBoost's key: the arrival pushed back by the work the request has made known (prompt and
@@ -1064,7 +1144,7 @@ impl Meridian {
     // ---- admission and budget -------------------------------------------------------------
 
     /// One pass over `running` for everything the budget and the reserve need.
-    fn running_load(&self, running: &[ReqHandle]) -> RunningLoad {
+    fn running_load(&self, now_ms: f64, running: &[ReqHandle]) -> RunningLoad {
         let block_size = u64::from(self.limits.block_size);
         let mut load = RunningLoad {
             num_context_tokens: 0,
@@ -1072,6 +1152,7 @@ impl Meridian {
             num_decoding: 0,
             num_reserved_blocks: 0,
             answer_tpot_ms: f64::INFINITY,
+            least_banked_ms: f64::INFINITY,
             any_tpot_ms: f64::INFINITY,
         };
         let mut reserve = 0u64;
@@ -1098,6 +1179,12 @@ impl Meridian {
             }
             load.num_answering += 1;
             load.answer_tpot_ms = load.answer_tpot_ms.min(tpot_ms);
+            // n tokens so far over `spent`; the step in flight adds one at the decode step, this
+            // step one more: (spent + decode + x) / (n + 1) ≤ target.
+            let target_ms = tpot_ms * self.config.tpot_headroom;
+            let spent_ms = if r.has_answered { now_ms - r.first_answer_ms } else { 0.0 };
+            let banked_ms = target_ms * (f64::from(r.num_answer_tokens) + 1.0) - spent_ms - self.last_decode_step_ms;
+            load.least_banked_ms = load.least_banked_ms.min(banked_ms);
             if self.config.answer_kv_reserve {
                 // Blocks this answer is expected to need before it finishes.
                 let expected =
@@ -1133,6 +1220,9 @@ impl Meridian {
             return (Vec::new(), 0);
         }
         let w = self.hot(waiting[head as usize]);
+        if w.shed {
+            return (Vec::new(), 0);
+        }
         let block_size = u64::from(self.limits.block_size);
         let need_blocks = (u64::from(w.num_tokens) + 1).div_ceil(block_size);
         let need_seat = running.len() >= self.limits.max_num_seqs as usize;
@@ -1193,6 +1283,7 @@ impl Meridian {
         for (i, &h) in running.iter().enumerate() {
             let r = self.hot(h);
             let eligible = self.class_table[r.class.index()].1 > w_rank
+                && !r.shed
                 && r.phase != Phase::Answer
                 && now_ms - r.arrival_preempted_ms >= min_interval_ms
                 && !taken.contains(&(i as u32));
@@ -1230,18 +1321,35 @@ impl Meridian {
         }
         let mut blocks_left = u64::from(num_free_blocks.saturating_sub(num_reserved_blocks));
         let block_size = u64::from(self.limits.block_size);
+        let tpot_guard = self.config.overload.tpot_guard;
+        let headroom = self.config.tpot_headroom;
+        let (mut shape, mut tpot_ms) = (load.decodes(), load.any_tpot_ms);
         let mut admitted = 0usize;
         for &i in order.iter().take(seats) {
             let r = self.hot(waiting[i as usize]);
+            if r.shed {
+                break; // shed requests are last: nothing after them is admitted either
+            }
             // One block more than the tokens need: the first decode step must fit too.
             let need = (u64::from(r.num_tokens) + 1).div_ceil(block_size);
             if need > blocks_left {
                 break;
             }
+            if tpot_guard {
+                // SCORPIO's virtual batch size: the decode step with it must still meet the
+                // tightest answer TPOT target among the batch.
+                shape.num_decode_requests += 1;
+                shape.num_context_tokens += u64::from(r.num_tokens);
+                tpot_ms = tpot_ms.min(self.targets(r.class).answer_tpot_ms);
+                if self.step_model.predict_ms(shape) > tpot_ms * headroom {
+                    break;
+                }
+            }
             blocks_left -= need;
             admitted += 1;
         }
-        at_least_one_when_idle(admitted as u32, num_running, order.len(), seats)
+        let admissible = order.iter().take_while(|&&i| !self.hot(waiting[i as usize]).shed).count();
+        at_least_one_when_idle(admitted as u32, num_running, admissible, seats)
     }
 
     /// SCORPIO's TPOT guard (virtual batch size): admit from the head of `order` while the decode
@@ -1281,7 +1389,11 @@ impl Meridian {
         }
         let headroom = self.config.tpot_headroom;
         let target_ms = if load.num_answering > 0 {
-            load.answer_tpot_ms * headroom
+            // A step may spend what every answer has banked below its mean-TPOT target (less the
+            // step in flight), never less than the target itself nor a stall's length.
+            let tpot_ms = load.answer_tpot_ms * headroom;
+            let stall_ms = self.config.stall_factor * tpot_ms * STALL_MARGIN;
+            load.least_banked_ms.clamp(tpot_ms, stall_ms.max(tpot_ms))
         } else {
             let any_tpot_ms = if load.any_tpot_ms.is_finite() {
                 load.any_tpot_ms
@@ -1463,10 +1575,12 @@ fn sortable(x: f64) -> u64 {
 }
 
 mod load;
+mod overload;
 mod prefix;
 mod tiers;
 
 pub use load::{ClassLoad, EngineLoad};
+pub use overload::{Shed, ShedNotice, ShedReason, SHED_MARKER};
 
 #[cfg(test)]
 mod tests;

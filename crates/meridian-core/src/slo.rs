@@ -1,7 +1,10 @@
-//! SLO classes and their targets, and [`CLASS_ARG`], the request argument that names a class. A
-//! class is identified by a dense [`ClassId`] (its index in [`crate::Config::classes`]); targets
-//! are validated positive and finite at configuration time, so every deadline computed from them
-//! is a finite number.
+//! SLO classes, their targets and what happens to their requests under overload
+//! ([`OnOverload`]), and [`CLASS_ARG`], the request argument that names a class. A class is
+//! identified by a dense [`ClassId`] (its index in [`crate::Config::classes`]); targets are
+//! validated positive and finite at configuration time, so every deadline computed from them is a
+//! finite number.
+
+use serde::Deserialize;
 
 /// Request argument (`vllm_xargs` / `SamplingParams.extra_args`) naming the request's SLO class;
 /// without it the request's vLLM priority picks the class ([`crate::NewRequest::slo_class`]).
@@ -31,7 +34,37 @@ pub struct SloTargets {
     pub e2e_ms: Option<f64>,
 }
 
-/// A named class with its targets and its admission rank (0 is served first).
+/// What becomes of a request of the class once it can no longer meet its targets — its
+/// probability of meeting them has fallen below `overload.min_success_probability` (key
+/// `classes.<name>.on_overload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnOverload {
+    /// It waits behind every request that can still make its targets, for a bounded time
+    /// (`late_wait_ttft_factor`), then goes ahead of new requests: every request is served.
+    #[default]
+    Queue,
+    /// It is ended early with a clear error (HTTP 503 where the API allows it) as soon as it is
+    /// judged unable to make its targets, so the client can retry elsewhere; an answering
+    /// request is never shed.
+    Shed,
+    /// Its thinking is capped to what still fits before its TTFAT deadline (through thinking
+    /// control); one that cannot make even its TTFT waits as under `queue`.
+    Degrade,
+}
+
+impl OnOverload {
+    /// The name the configuration uses.
+    pub const fn name(self) -> &'static str {
+        match self {
+            OnOverload::Queue => "queue",
+            OnOverload::Shed => "shed",
+            OnOverload::Degrade => "degrade",
+        }
+    }
+}
+
+/// A named class with its targets, its admission rank (0 is served first) and its triage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SloClass {
     /// Name operators and clients use (the request argument [`CLASS_ARG`]).
@@ -40,4 +73,6 @@ pub struct SloClass {
     pub rank: u8,
     /// The targets.
     pub targets: SloTargets,
+    /// What becomes of its requests when they can no longer meet the targets.
+    pub on_overload: OnOverload,
 }

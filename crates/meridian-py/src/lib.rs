@@ -124,6 +124,7 @@ impl PyConfig {
         d.set_item("answer_tpot_ms", class.targets.answer_tpot_ms)?;
         d.set_item("e2e_ms", class.targets.e2e_ms)?;
         d.set_item("rank", class.rank)?;
+        d.set_item("on_overload", class.on_overload.name())?;
         Ok(d)
     }
 }
@@ -140,6 +141,18 @@ struct PyStepPlan {
     held: Vec<u32>,
     preempt: Vec<u32>,
     prefetch: Vec<u32>,
+    shed: Vec<PyShed>,
+}
+
+/// A request a plan ends early, and what its client is told.
+#[pyclass(module = "meridian._core", name = "Shed", frozen, get_all)]
+#[derive(Clone)]
+struct PyShed {
+    running: bool,
+    index: u32,
+    reason: &'static str,
+    message: String,
+    retry_after_s: u32,
 }
 
 /// A finished request's report.
@@ -165,6 +178,7 @@ struct PyFinishedRequest {
     met_all: bool,
     never_reusable_from_token: Option<u32>,
     unknown_finish_reason: Option<String>,
+    shed: Option<&'static str>,
 }
 
 /// The restore-or-recompute choice for one KV tier hit.
@@ -256,6 +270,18 @@ impl PyMeridian {
         let running = handles(running);
         let waiting = handles(waiting);
         let plan = self.inner.plan_step(now_ms, &running, &waiting, num_free_blocks).map_err(to_py)?;
+        let mut shed = Vec::with_capacity(plan.shed.len());
+        for s in &plan.shed {
+            let handle = if s.running { running[s.index as usize] } else { waiting[s.index as usize] };
+            let notice = self.inner.shed_notice(handle, s.reason).map_err(to_py)?;
+            shed.push(PyShed {
+                running: s.running,
+                index: s.index,
+                reason: s.reason.name(),
+                message: notice.message,
+                retry_after_s: notice.retry_after_s,
+            });
+        }
         Ok(PyStepPlan {
             step_id: plan.step_id,
             running_order: plan.running_order,
@@ -266,6 +292,7 @@ impl PyMeridian {
             held: plan.held,
             preempt: plan.preempt,
             prefetch: plan.prefetch,
+            shed,
         })
     }
 
@@ -385,6 +412,7 @@ impl PyMeridian {
             met_all: done.attainment.all(),
             never_reusable_from_token: done.never_reusable_from_token,
             unknown_finish_reason: done.unknown_finish_reason,
+            shed: done.shed.map(|r| r.name()),
             req_id: done.req_id,
         })
     }
@@ -419,6 +447,7 @@ impl PyMeridian {
         d.set_item("num_probe_prompt_tokens", s.num_probe_prompt_tokens)?;
         d.set_item("num_arrival_preemptions", s.num_arrival_preemptions)?;
         d.set_item("num_unknown_finish_reasons", s.num_unknown_finish_reasons)?;
+        d.set_item("num_shed", s.num_shed)?;
         Ok(d)
     }
 
@@ -437,6 +466,9 @@ impl PyMeridian {
             d.set_item("num_stalls", c.num_stalls)?;
             set_preemptions(&d, &c.num_preemptions)?;
             d.set_item("num_arrival_preemptions", c.num_arrival_preemptions)?;
+            for reason in core::ShedReason::ALL {
+                d.set_item(format!("num_shed_{}", reason.name()), c.num_shed[reason as usize])?;
+            }
             out.set_item(&class.name, d)?;
         }
         Ok(out)
@@ -662,9 +694,12 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("THINKING_BUDGET_ARG", core::THINKING_BUDGET_ARG)?;
     m.add("POLICY_NAMES", PyTuple::new(m.py(), core::Policy::ALL.map(core::Policy::name))?)?;
     m.add("THINKING_STOP_RULES", PyTuple::new(m.py(), core::StopReason::ALL.map(core::StopReason::as_str))?)?;
+    m.add("SHED_MARKER", core::SHED_MARKER)?;
+    m.add("SHED_REASONS", PyTuple::new(m.py(), core::ShedReason::ALL.map(core::ShedReason::name))?)?;
     m.add_class::<PyConfig>()?;
     m.add_class::<PyMeridian>()?;
     m.add_class::<PyStepPlan>()?;
+    m.add_class::<PyShed>()?;
     m.add_class::<PyFinishedRequest>()?;
     m.add_class::<PyRestorePlan>()?;
     m.add_class::<thinking::PyThinkingControl>()?;

@@ -357,6 +357,9 @@ class Timeline:
     output_token_ids: list[int] = field(default_factory=list)
     #: vLLM's finish reason (``stop``, ``length``, ``abort``, ``error``) or ``rejected``.
     finish_reason: str | None = None
+    #: vLLM's stop reason of the final output when it is a message (a shed request's starts with
+    #: ``SHED_MARKER``).
+    stop_reason: str | None = None
     report: FinishedRequest | None = None
     thinking_stopped_by: str | None = None
 
@@ -595,7 +598,7 @@ class OfflineEngine:
         handles: list[int] = []
         counts: list[int] = []
         flat: list[int] = []
-        finished: list[tuple[str, str]] = []
+        finished: list[tuple[str, str, Any]] = []
         for batch in engine_outputs.values():
             for out in batch.outputs:
                 entry = self._live.get(out.request_id)
@@ -610,11 +613,11 @@ class OfflineEngine:
                     counts.append(len(out.new_token_ids))
                     flat.extend(out.new_token_ids)
                 if out.finish_reason is not None:
-                    finished.append((out.request_id, str(out.finish_reason)))
+                    finished.append((out.request_id, str(out.finish_reason), out.stop_reason))
         if handles:
             self.observer.on_tokens_batch(self.now_ms, handles, counts, flat)
-        for req_id, reason in finished:
-            self._finish(req_id, reason)
+        for req_id, reason, stop_reason in finished:
+            self._finish(req_id, reason, stop_reason if isinstance(stop_reason, str) else None)
 
     def _count_prefix_cache(self, batches: Any) -> None:
         result = self.result
@@ -695,12 +698,13 @@ class OfflineEngine:
             _phase, alarm = self.observer.on_preempted(self.now_ms, entry[2])
             self.result.num_answer_preemption_alarms += alarm
 
-    def _finish(self, req_id: str, reason: str) -> None:
+    def _finish(self, req_id: str, reason: str, stop_reason: str | None = None) -> None:
         self._preempted.discard(req_id)
         self._preempted_stored.discard(req_id)
         offline, timeline, handle = self._live.pop(req_id)
         timeline.thinking_stopped_by = offline.script.thinking_stopped_by
         timeline.finish_reason = reason
+        timeline.stop_reason = stop_reason
         timeline.report = self.observer.finish(self.now_ms, handle, reason, [])
         self.progress(1)
 

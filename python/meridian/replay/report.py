@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from meridian._core import SHED_MARKER
 from meridian.offline.engine import Timeline
 from meridian.replay.policies import ReplayResult
 
@@ -80,8 +81,14 @@ def first_minute(timelines: Sequence[Timeline]) -> dict[str, Any]:
     return {"submitted": len(cohort), "good": good, "attainment": good / len(cohort)}
 
 
+def is_shed(t: Timeline) -> bool:
+    """Whether the scheduler ended the request early by triage (its stop reason says so)."""
+    return t.stop_reason is not None and t.stop_reason.startswith(SHED_MARKER)
+
+
 def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[str, Any]:
     reports = [t.report for t in timelines if t.report is not None]
+    shed = [t for t in timelines if is_shed(t) and t.report is not None and t.report.e2e_ms is not None]
     completed = [r for r in reports if r.reason == "stopped"]
     good = sum(1 for r in completed if r.met_all)
     num_tokens = sum(len(t.token_times_ms) for t in timelines)
@@ -97,6 +104,9 @@ def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[s
         goodput_rps=good / duration_s,
         throughput_tok_s=num_tokens / duration_s,
         stalls=sum(r.num_stalls for r in reports),
+        shed=sum(1 for t in timelines if is_shed(t)),
+        # How long a shed request's client waited to learn its fate (arrival to the abort).
+        shed_notice_ms=percentile_summary([t.report.e2e_ms for t in shed if t.report and t.report.e2e_ms is not None]),
         thinking_tokens=sum(r.num_think_tokens for r in reports),
         thinking_stops=sum(1 for t in timelines if t.thinking_stopped_by is not None),
         preemptions={

@@ -30,7 +30,7 @@ from vllm.v1.core.sched.request_queue import SchedulingPolicy  # noqa: E402
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from meridian._core import FinishedRequest, Meridian  # noqa: E402
+from meridian._core import FinishedRequest, Meridian, Shed  # noqa: E402
 from meridian.errors import MeridianError  # noqa: E402
 from meridian.vllm import convert  # noqa: E402
 from meridian.vllm.bus import SchedulerEndpoint  # noqa: E402
@@ -149,7 +149,9 @@ class MeridianScheduler(AsyncScheduler):
         self.finished_reports: deque[FinishedRequest] = deque(maxlen=MAX_REPORTS)
         #: KV blocks dropped from the prefix cache as never reusable.
         self.num_reasoning_blocks_evicted = 0
-        self._rejected: list[tuple[Request, str]] = []
+        #: Requests ended by the scheduler itself (rejected arguments, shed), with the finish
+        #: reason and stop reason their output carries, until the next output goes out.
+        self._ended: list[tuple[Request, FinishReason, str | None]] = []
         rank = self.vllm_config.parallel_config.data_parallel_index
         self._request_log = convert.open_log(config.request_log_path, "request_log_path", rank)
         self._step_log = convert.open_log(config.step_log_path, "step_log_path", rank)
@@ -230,7 +232,8 @@ class MeridianScheduler(AsyncScheduler):
         running = self.running
         held = [running[i] for i in plan.held]
         victims = [running[i] for i in plan.preempt]
-        set_aside = {id(r) for r in held} | {id(r) for r in victims}
+        shed = self._shed_requests(plan.shed, running)
+        set_aside = {id(r) for r in held} | {id(r) for r in victims} | {id(r) for r, _ in shed}
         # Held requests sit the step out: vLLM only schedules (and only preempts) what is in
         # `running`, so they keep their KV and rejoin at the back right after.
         self.running = [r for i in plan.running_order if id(r := running[i]) not in set_aside]
@@ -239,6 +242,7 @@ class MeridianScheduler(AsyncScheduler):
             ready = self.kv_tier.prefetch(waiting[i] for i in plan.prefetch)
             self.meridian.on_prefetched([getattr(r, HANDLE_ATTR) for r in ready])
         self.waiting.apply_plan(plan.waiting_order, plan.num_admissible)
+        self._end_shed(shed)
         self._preempt_on_arrival(victims, plan.num_admissible)
         self.max_num_scheduled_tokens = plan.token_budget
         handed_over = time.perf_counter()
@@ -275,7 +279,7 @@ class MeridianScheduler(AsyncScheduler):
                 now_ms, step_id, shape["num_prefill_tokens"], shape["num_decode_requests"], shape["num_context_tokens"]
             )
         self._record_tokens(now_ms, outputs.values())
-        self._emit_rejections(outputs)
+        self._emit_ended(outputs)
         self.probes.drop_outputs(outputs, self.requests)
         if self._bus is not None:
             self._bus.publish_attainment(self.meridian.recent_ttfat_attainment())
@@ -292,10 +296,10 @@ class MeridianScheduler(AsyncScheduler):
         return finished
 
     def has_requests(self) -> bool:
-        return bool(self._rejected) or super().has_requests()
+        return bool(self._ended) or super().has_requests()
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self._rejected) + super().get_num_unfinished_requests()
+        return len(self._ended) + super().get_num_unfinished_requests()
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         # Every finish path (stop, length, abort, error) goes through here before vLLM returns
@@ -339,6 +343,24 @@ class MeridianScheduler(AsyncScheduler):
         self.waiting = MeridianWaitingQueue(self.waiting)
         holding = list(self.kv_holding_waiting)
         self.kv_holding_waiting = MeridianWaitingQueue(holding)
+
+    def _shed_requests(self, decisions: list[Shed], running: list[Request]) -> list[tuple[Request, Shed]]:
+        """The requests the plan ends early, read off the lists its indices refer to (before
+        either list is reordered)."""
+        if not decisions:
+            return []
+        waiting = list(self.waiting)
+        return [(running[d.index] if d.running else waiting[d.index], d) for d in decisions]
+
+    def _end_shed(self, shed: list[tuple[Request, Shed]]) -> None:
+        # vLLM's own abort path (out of its queues, blocks freed, in-flight output dropped),
+        # then an output with the core's message, so the client learns why at once.
+        if not shed:
+            return
+        self.finish_requests([r.request_id for r, _ in shed], RequestStatus.FINISHED_ABORTED)
+        for request, decision in shed:
+            logger.info("meridian: %s", decision.message)
+            self._ended.append((request, FinishReason.ABORT, decision.message))
 
     def _preempt_on_arrival(self, victims: list[Request], num_admissible: int) -> None:
         # vLLM's own preemption path (blocks freed, in-flight output marked stale, the id
@@ -502,14 +524,15 @@ class MeridianScheduler(AsyncScheduler):
     def _reject(self, request: Request, message: str) -> None:
         logger.warning("meridian: rejecting request %s: %s", request.request_id, message)
         request.status = RequestStatus.FINISHED_ERROR
-        self._rejected.append((request, message))
+        self._ended.append((request, FinishReason.ERROR, None))
 
-    def _emit_rejections(self, outputs: dict[int, EngineCoreOutputs]) -> None:
-        rejected, self._rejected = self._rejected, []
-        for request, _message in rejected:
-            error = EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ERROR)
+    def _emit_ended(self, outputs: dict[int, EngineCoreOutputs]) -> None:
+        ended, self._ended = self._ended, []
+        for request, reason, stop_reason in ended:
+            final = EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=reason,
+                                     stop_reason=stop_reason)
             batch = outputs.get(request.client_index)
             if batch is None:
-                outputs[request.client_index] = EngineCoreOutputs(outputs=[error])
+                outputs[request.client_index] = EngineCoreOutputs(outputs=[final])
             else:
-                batch.outputs.append(error)
+                batch.outputs.append(final)

@@ -58,7 +58,7 @@ impl Meridian {
     ) -> Result<EngineLoad> {
         let now_ms = crate::error::check_time_ms("now_ms", now_ms)?;
         self.check_distinct(running, waiting)?;
-        let step_ms = self.step_model.predict_ms(self.running_load(running).decodes());
+        let step_ms = self.step_model.predict_ms(self.running_load(now_ms, running).decodes());
         let mut load = EngineLoad {
             classes: vec![ClassLoad::default(); self.class_table.len()],
             phase_weighted_queue: 0.0,

@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use std::collections::HashSet;
 
 const THINK: u32 = 1;
 const END: u32 = 2;
@@ -78,7 +79,8 @@ fn requests_past_their_ttfat_deadline_drop_to_best_effort() {
 
 #[test]
 fn preempted_requests_resume_before_new_ones_and_classes_order_the_rest() {
-    let mut core = engine();
+    // Class order proper: no request is left safely inside its targets by the light-load rule.
+    let mut core = engine_with(Config::from_json(r#"{"overload": {"fcfs_slack_ttft_factor": 0}}"#).unwrap());
     let batch = add_class(&mut core, "batch", 0.0, 16, Some("batch"));
     let inter = add_class(&mut core, "inter", 5.0, 16, Some("interactive"));
     let victim = add(&mut core, "victim", 8.0, 16);
@@ -92,7 +94,10 @@ fn preempted_requests_resume_before_new_ones_and_classes_order_the_rest() {
 
 #[test]
 fn aging_and_starvation_bound_keep_batch_requests_moving() {
-    let config = Config::from_json(r#"{"aging_ms": 100, "starvation_ms": 1000}"#).unwrap();
+    let config = Config::from_json(
+        r#"{"aging_ms": 100, "starvation_ms": 1000, "overload": {"fcfs_slack_ttft_factor": 0}}"#,
+    )
+    .unwrap();
     let mut core = engine_with(config);
     let batch = add_class(&mut core, "batch", 0.0, 16, Some("batch"));
     let inter = add_class(&mut core, "inter", 150.0, 16, Some("interactive"));
@@ -169,10 +174,17 @@ fn budget_is_capped_by_answer_tpot_and_relaxed_without_answers() {
     // (125 - 10) / 0.1 = 1,150 prompt tokens.
     let plan = core.plan_step(2.0, &[t], &[], 1000).unwrap();
     assert_eq!(plan.token_budget, 1 + 1150);
-    // While one answers, 50 ms: both decodes plus (50 - 10) / 0.1 = 400 prompt tokens.
+    // While one answers, a step may take the time its answer banked below the 50 ms mean: one
+    // token 1 ms ago, a 10 ms step in flight, so (1 + 1) × 50 - 1 - 10 = 89 ms: both decodes
+    // plus (89 - 10) / 0.1 = 790 prompt tokens.
     let a = add_class(&mut core, "a", 0.0, 16, Some("interactive"));
     core.on_tokens(3.0, a, &[END, WORD]).unwrap();
     let plan = core.plan_step(4.0, &[t, a], &[], 1000).unwrap();
+    assert_eq!(plan.token_budget, 2 + 790);
+    // An answer that has run at its target banks nothing: the step gets the target itself,
+    // 50 ms: (50 - 10) / 0.1 = 400 prompt tokens.
+    core.on_tokens(53.0, a, &[WORD]).unwrap();
+    let plan = core.plan_step(103.0, &[t, a], &[], 1000).unwrap();
     assert_eq!(plan.token_budget, 2 + 400);
 }
 
@@ -421,8 +433,10 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
-    fn random_event_streams_keep_every_invariant(ops in prop::collection::vec(op(), 1..120)) {
-        let mut core = engine();
+    fn random_event_streams_keep_every_invariant(ops in prop::collection::vec(op(), 1..120), triage in 0usize..2) {
+        // Default targets, or targets tight enough (milliseconds) that requests turn late within
+        // the stream, with one class of each triage mode.
+        let mut core = if triage == 0 { engine() } else { engine_with(Config::from_json(TIGHT_TRIAGE).unwrap()) };
         let mut running: Vec<ReqHandle> = Vec::new();
         let mut waiting: Vec<ReqHandle> = Vec::new();
         let mut phases: HashMap<ReqHandle, Phase> = HashMap::new();
@@ -471,9 +485,33 @@ proptest! {
                         .unwrap_or(running.len());
                     prop_assert!(plan.running_order[first_non_answer..].iter()
                         .all(|&i| core.phase(running[i as usize]).unwrap() != Phase::Answer));
+                    // Shed requests: each once, never answering, last in their order, never admitted;
+                    // the shim ends each with vLLM's abort, and its report says it was shed.
+                    let mut listed = HashSet::new();
+                    let admitted: HashSet<u32> =
+                        plan.waiting_order.iter().take(plan.num_admissible as usize).copied().collect();
+                    let mut shed = Vec::new();
+                    for s in &plan.shed {
+                        let list = if s.running { &running } else { &waiting };
+                        let h = list[s.index as usize];
+                        prop_assert!(listed.insert(h), "listed twice");
+                        prop_assert!(core.phase(h).unwrap() != Phase::Answer, "an answering request was shed");
+                        prop_assert!(s.running || !admitted.contains(&s.index), "a shed request was admitted");
+                        let order = if s.running { &plan.running_order } else { &plan.waiting_order };
+                        let tail = &order[order.len() - plan.shed.iter().filter(|o| o.running == s.running).count()..];
+                        prop_assert!(tail.contains(&s.index), "a shed request is not last in its order");
+                        shed.push((h, s.reason));
+                    }
                     running = plan.running_order.iter().map(|&i| running[i as usize]).collect();
                     waiting = plan.waiting_order.iter().map(|&i| waiting[i as usize]).collect();
                     last_step = Some(plan.step_id);
+                    for (h, reason) in shed {
+                        running.retain(|&r| r != h);
+                        waiting.retain(|&r| r != h);
+                        let done = core.finish(now, h, "abort", &[]).unwrap();
+                        prop_assert_eq!(done.shed, Some(reason));
+                        phases.remove(&h);
+                    }
                 }
                 Op::Preempt { pick } if !running.is_empty() => {
                     let h = running.remove(pick % running.len());
@@ -535,6 +573,13 @@ proptest! {
         }
     }
 }
+
+/// Targets in milliseconds (requests turn late within a short event stream), one class per
+/// triage mode.
+const TIGHT_TRIAGE: &str = r#"{"classes": {
+    "interactive": {"ttft_ms": 4, "ttfat_ms": 40, "answer_tpot_ms": 50, "rank": 0, "on_overload": "shed"},
+    "standard": {"ttft_ms": 10, "ttfat_ms": 90, "answer_tpot_ms": 100, "rank": 1, "on_overload": "degrade"},
+    "batch": {"ttft_ms": 30, "ttfat_ms": 300, "answer_tpot_ms": 1000, "rank": 2, "on_overload": "queue"}}}"#;
 
 #[test]
 fn replanning_an_unchanged_state_keeps_the_order() {

@@ -1,0 +1,344 @@
+//! [`Meridian`] under overload: it owns the judgement whether a request can still meet its
+//! targets and the triage of those that cannot. A request is *viable* when, with the predicted
+//! decode step, the time left to its deadlines still holds its remaining thinking with at least
+//! `overload.min_success_probability` (its class's remaining-thinking distribution given what it
+//! has thought, [`crate::predictor::Quantile::Viable`]) and, before its first token, its prefill
+//! fits before the TTFT deadline. A late request of a `shed` class is ended early: the plan lists
+//! it with the target it can no longer meet ([`Shed`]), the core marks it, and its finish is
+//! recorded as shed. Invariants: an answering request is never shed, nor an internal probe; a
+//! request is listed at most once (a shed one stays marked until vLLM finishes it); the reason
+//! names the first target the request would miss.
+
+use super::{Hot, Meridian, ReqHandle};
+use crate::error::Result;
+use crate::phase::Phase;
+use crate::predictor::Quantile;
+use crate::slo::{OnOverload, SloTargets};
+
+/// The target a late request can no longer meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ShedReason {
+    /// Its first token cannot come by its TTFT deadline: its prefill alone ends past it.
+    Ttft,
+    /// Its first answer token is unlikely to come by its TTFAT deadline: the time left holds its
+    /// remaining thinking with less than the configured probability.
+    Ttfat,
+}
+
+impl ShedReason {
+    /// Every reason, for label sets.
+    pub const ALL: [ShedReason; 2] = [ShedReason::Ttft, ShedReason::Ttfat];
+
+    /// The name metrics, logs and error messages use: `ttft` or `ttfat`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ShedReason::Ttft => "ttft",
+            ShedReason::Ttfat => "ttfat",
+        }
+    }
+}
+
+/// What every shed request's message starts with (the stop reason its client sees): a client,
+/// a router or Meridian's middleware that finds it knows triage ended the request, and why
+/// (`meridian:shed:ttft: …`).
+pub const SHED_MARKER: &str = "meridian:shed";
+
+/// What the client of a shed request is told.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShedNotice {
+    /// Starts with [`SHED_MARKER`], then the reason; names the request, its class and the target.
+    pub message: String,
+    /// When to try again (HTTP `Retry-After`), in whole seconds: the class's TTFT target, at
+    /// least 1.
+    pub retry_after_s: u32,
+}
+
+/// One request the plan ends early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shed {
+    /// Whether `index` is into `running` (else into `waiting`).
+    pub running: bool,
+    /// Index into the list it sits in.
+    pub index: u32,
+    /// The target it can no longer meet.
+    pub reason: ShedReason,
+}
+
+impl Meridian {
+    /// What the client of a live request shed for `reason` is told.
+    pub fn shed_notice(&self, handle: ReqHandle, reason: ShedReason) -> Result<ShedNotice> {
+        let r = self.get(handle)?;
+        let class = &self.config.classes[r.class.index()];
+        let (target, target_ms) = match reason {
+            ShedReason::Ttft => ("TTFT", class.targets.ttft_ms),
+            ShedReason::Ttfat => ("TTFAT", class.targets.ttfat_ms),
+        };
+        Ok(ShedNotice {
+            message: format!(
+                "{SHED_MARKER}:{}: request `{}` of class `{}` cannot meet its {target} target of {target_ms} ms \
+                 under the current load; retry later or on another instance",
+                reason.name(),
+                r.req_id,
+                class.name
+            ),
+            retry_after_s: (class.targets.ttft_ms / 1000.0).ceil().clamp(1.0, f64::from(u32::MAX)) as u32,
+        })
+    }
+
+    /// The target the request would miss, judged with `step_ms` per decode step, or `None` while
+    /// it is viable (always `None` once it answers). `queued`: it waits in the queue, so its
+    /// whole prompt is still to compute (a running one's progress is vLLM's, so only its TTFT
+    /// deadline itself is checked).
+    #[inline(always)]
+    pub(super) fn lateness(
+        &self,
+        now_ms: f64,
+        r: &Hot,
+        targets: &SloTargets,
+        step_ms: f64,
+        queued: bool,
+    ) -> Option<ShedReason> {
+        if r.has_answered {
+            return None;
+        }
+        let mut time_left_ms = r.arrival_ms + targets.ttfat_ms - now_ms;
+        if !r.has_started {
+            let prefill_ms = if queued { self.prefill_ms(r.num_tokens) } else { 0.0 };
+            if now_ms + prefill_ms > r.arrival_ms + targets.ttft_ms {
+                return Some(ShedReason::Ttft);
+            }
+            time_left_ms -= prefill_ms;
+        }
+        // The thinking it needs with the configured probability, and the end marker.
+        let needed_tokens = if !r.is_reasoning || r.phase == Phase::Answer {
+            0.0
+        } else if r.num_think_tokens == 0 {
+            self.fresh_think_viable_tokens[r.class.index()]
+        } else {
+            self.lengths[r.class.index()].think.remaining_quantile(r.num_think_tokens, Quantile::Viable)
+        };
+        ((needed_tokens + 1.0) * step_ms > time_left_ms).then_some(ShedReason::Ttfat)
+    }
+
+    /// The requests to end early this step: late ones of `shed` classes — waiting ones that have
+    /// not started, and (with `overload.shed_running`) running or preempted ones that have not
+    /// started answering. Marks each, so it is listed once and its finish counts as shed.
+    pub(super) fn triage(
+        &mut self,
+        now_ms: f64,
+        running: &[ReqHandle],
+        waiting: &[ReqHandle],
+        step_ms: f64,
+    ) -> Vec<Shed> {
+        if !self.any_shed_class {
+            return Vec::new();
+        }
+        let shed_running = self.config.overload.shed_running;
+        let mut out = Vec::new();
+        for (is_running, list) in [(true, running), (false, waiting)] {
+            for (i, &h) in list.iter().enumerate() {
+                let r = self.hot(h);
+                let started = r.has_started || is_running;
+                let eligible = !r.shed
+                    && !r.has_answered
+                    && r.phase != Phase::Answer
+                    && self.class_triage[r.class.index()] == OnOverload::Shed
+                    && (shed_running || !started);
+                if !eligible {
+                    continue;
+                }
+                let targets = self.targets(r.class);
+                if let Some(reason) = self.lateness(now_ms, r, &targets, step_ms, !is_running) {
+                    out.push(Shed { running: is_running, index: i as u32, reason });
+                }
+            }
+        }
+        for s in &out {
+            let h = if s.running { running[s.index as usize] } else { waiting[s.index as usize] };
+            if let Some(r) = self.slots[h.slot()].request.as_mut() {
+                if r.probe {
+                    continue;
+                }
+                r.shed = Some(s.reason);
+            }
+            self.refresh_hot(h);
+        }
+        out.retain(|s| {
+            let h = if s.running { running[s.index as usize] } else { waiting[s.index as usize] };
+            self.hot(h).shed
+        });
+        out
+    }
+
+    /// Seats and KV blocks the plan's shed running requests give back.
+    pub(super) fn freed_by_shed(&self, running: &[ReqHandle], shed: &[Shed]) -> (usize, u32) {
+        let block_size = u64::from(self.limits.block_size);
+        let mut blocks = 0u64;
+        let mut seats = 0usize;
+        for s in shed.iter().filter(|s| s.running) {
+            seats += 1;
+            blocks += u64::from(self.hot(running[s.index as usize]).num_tokens).div_ceil(block_size);
+        }
+        (seats, blocks.min(u64::from(u32::MAX)) as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::scheduler::tiers::tests::core;
+    use crate::{Meridian, NewRequest, OnOverload, ReqHandle, ShedReason, SHED_MARKER};
+
+    const THINK: u32 = 1;
+    const END: u32 = 2;
+    const WORD: u32 = 100;
+
+    /// Step time: 10 ms a step, 1 ms a prompt token (so a 100-token prompt takes 100 ms).
+    const STEPS: &str = r#""step_time": {"base_ms": 10, "per_prefill_token_ms": 1, "per_decode_request_ms": 0,
+        "per_context_token_ms": 0, "online_fit": false}"#;
+
+    /// One class `c` with TTFT 1 s and TTFAT 10 s under `mode`; its thinking prior is 200 tokens
+    /// (so with the 10 ms step a fresh request needs ~2 s of its 10).
+    fn engine(mode: &str) -> Meridian {
+        core(&format!(
+            r#"{{{STEPS}, "classes": {{"c": {{"ttft_ms": 1000, "ttfat_ms": 10000, "answer_tpot_ms": 50,
+                "rank": 0, "on_overload": "{mode}"}}}}, "default_class": "c",
+                "think_tokens_prior": [200], "answer_tokens_prior": [20]}}"#
+        ))
+    }
+
+    fn add(core: &mut Meridian, req_id: &str, arrival_ms: f64, prompt_len: usize) -> ReqHandle {
+        let mut prompt = vec![WORD; prompt_len];
+        prompt.push(THINK);
+        let new = NewRequest {
+            req_id,
+            arrival_ms,
+            prompt_token_ids: &prompt,
+            max_tokens: 4096,
+            slo_class: None,
+            priority: 0,
+        };
+        core.add_request(new).unwrap().0
+    }
+
+    #[test]
+    fn a_waiting_request_whose_prefill_ends_past_its_ttft_deadline_is_shed_for_ttft() {
+        let mut core = engine("shed");
+        // 101 prompt tokens: 101 ms of prefill. At 850 ms it ends at 951 (in time); at 950 at
+        // 1,051, past the 1 s target.
+        let a = add(&mut core, "a", 0.0, 100);
+        assert!(core.plan_step(850.0, &[], &[a], 1000).unwrap().shed.is_empty());
+        let plan = core.plan_step(950.0, &[], &[a], 1000).unwrap();
+        assert_eq!(plan.shed.len(), 1);
+        let shed = plan.shed[0];
+        assert_eq!((shed.running, shed.index, shed.reason), (false, 0, ShedReason::Ttft));
+        assert_eq!(plan.num_admissible, 0, "a shed request is never admitted");
+        // Listed once; its finish (vLLM's abort) reports why.
+        assert!(core.plan_step(960.0, &[], &[a], 1000).unwrap().shed.is_empty());
+        let done = core.finish(970.0, a, "abort", &[]).unwrap();
+        assert_eq!(done.shed, Some(ShedReason::Ttft));
+        let counters = core.class_counters()[0];
+        assert_eq!((counters.num_shed, counters.num_aborted), ([1, 0], 1));
+        assert_eq!(core.stats().num_shed, 1);
+    }
+
+    #[test]
+    fn a_thinker_that_cannot_answer_in_time_is_shed_for_ttfat_but_an_answering_one_never() {
+        let mut core = engine("shed");
+        let thinker = add(&mut core, "thinker", 0.0, 10);
+        let answerer = add(&mut core, "answerer", 0.0, 10);
+        core.on_tokens(100.0, thinker, &[WORD; 50]).unwrap();
+        core.on_tokens(100.0, answerer, &[WORD, END, WORD]).unwrap();
+        // At 5 s the thinker has 5 s left: 500 steps of 10 ms, plenty for the rest of its 200.
+        let plan = core.plan_step(5_000.0, &[thinker, answerer], &[], 1000).unwrap();
+        assert!(plan.shed.is_empty());
+        // At 9.9 s it has 10 steps left and needs more than 100 tokens with any probability.
+        let plan = core.plan_step(9_900.0, &[thinker, answerer], &[], 1000).unwrap();
+        let listed: Vec<_> = plan.shed.iter().map(|s| (s.running, s.index, s.reason)).collect();
+        assert_eq!(listed, [(true, 0, ShedReason::Ttfat)]);
+        assert_eq!(*plan.running_order.last().unwrap(), 0, "the shed thinker goes last");
+    }
+
+    #[test]
+    fn only_shed_classes_shed_and_shed_running_keeps_started_requests() {
+        for mode in ["queue", "degrade"] {
+            let mut core = engine(mode);
+            let a = add(&mut core, "a", 0.0, 100);
+            let plan = core.plan_step(5_000.0, &[], &[a], 1000).unwrap();
+            assert!(plan.shed.is_empty(), "{mode}");
+            assert_eq!(plan.num_admissible, 1, "{mode}: a late request still waits its turn");
+        }
+        let mut core = core(&format!(
+            r#"{{{STEPS}, "classes": {{"c": {{"ttft_ms": 1000, "ttfat_ms": 10000, "answer_tpot_ms": 50,
+                "rank": 0, "on_overload": "shed"}}}}, "default_class": "c", "overload": {{"shed_running": false}}}}"#
+        ));
+        let running = add(&mut core, "running", 0.0, 10);
+        let waiting = add(&mut core, "waiting", 0.0, 10);
+        core.on_tokens(100.0, running, &[WORD; 5]).unwrap();
+        let plan = core.plan_step(20_000.0, &[running], &[waiting], 1000).unwrap();
+        let listed: Vec<_> = plan.shed.iter().map(|s| (s.running, s.index)).collect();
+        assert_eq!(listed, [(false, 0)], "only the waiting one");
+        assert_eq!(core.config().classes[0].on_overload, OnOverload::Shed);
+    }
+
+    #[test]
+    fn the_notice_names_the_marker_the_reason_the_class_and_the_target() {
+        let mut core = engine("shed");
+        let a = add(&mut core, "req-7", 0.0, 100);
+        let notice = core.shed_notice(a, ShedReason::Ttfat).unwrap();
+        assert!(notice.message.starts_with(&format!("{SHED_MARKER}:ttfat:")), "{}", notice.message);
+        for part in ["`req-7`", "`c`", "TTFAT", "10000 ms"] {
+            assert!(notice.message.contains(part), "{part} in {}", notice.message);
+        }
+        assert_eq!(notice.retry_after_s, 1, "the class's TTFT target, 1 s");
+    }
+
+    #[test]
+    fn light_load_keeps_arrival_order_until_a_request_runs_short_of_slack() {
+        let config = format!(
+            r#"{{{STEPS}, "classes": {{
+                "interactive": {{"ttft_ms": 2000, "ttfat_ms": 60000, "answer_tpot_ms": 50, "rank": 0}},
+                "batch": {{"ttft_ms": 60000, "ttfat_ms": 600000, "answer_tpot_ms": 500, "rank": 2}}}},
+                "default_class": "batch"}}"#
+        );
+        let mut engine = core(&config);
+        let new = |core: &mut Meridian, id: &str, at: f64, class: &str| {
+            let prompt = [WORD, WORD, THINK];
+            let req = NewRequest {
+                req_id: id,
+                arrival_ms: at,
+                prompt_token_ids: &prompt,
+                max_tokens: 64,
+                slo_class: Some(class),
+                priority: 0,
+            };
+            core.add_request(req).unwrap().0
+        };
+        let batch = new(&mut engine, "batch", 0.0, "batch");
+        let interactive = new(&mut engine, "interactive", 100.0, "interactive");
+        // Both safely inside their targets: arrival order, whatever the class.
+        assert_eq!(engine.plan_step(200.0, &[], &[interactive, batch], 1000).unwrap().waiting_order, [1, 0]);
+        // Past half its 2 s TTFT target the interactive request goes ahead.
+        assert_eq!(engine.plan_step(1_200.0, &[], &[interactive, batch], 1000).unwrap().waiting_order, [0, 1]);
+        // With the rule off, class rank orders them from the start.
+        let mut ranked = core(&config.replacen('{', r#"{"overload": {"fcfs_slack_ttft_factor": 0}, "#, 1));
+        let batch = new(&mut ranked, "batch", 0.0, "batch");
+        let interactive = new(&mut ranked, "interactive", 100.0, "interactive");
+        assert_eq!(ranked.plan_step(200.0, &[], &[batch, interactive], 1000).unwrap().waiting_order, [1, 0]);
+    }
+
+    #[test]
+    fn the_tpot_guard_stops_admission_where_the_decode_step_would_miss_the_target() {
+        // 10 ms a step plus 1 ms per request decoding; the 50 ms target with 0.9 headroom allows
+        // 45 ms: 35 requests decoding.
+        let config = r#"{"step_time": {"base_ms": 10, "per_prefill_token_ms": 0.001, "per_decode_request_ms": 1,
+            "per_context_token_ms": 0, "online_fit": false}, "default_class": "c",
+            "overload": {"fcfs_slack_ttft_factor": 0}, "classes": {"c": {"ttft_ms": 100000,
+            "ttfat_ms": 1000000, "answer_tpot_ms": 50, "rank": 0}}}"#;
+        for (guard, expected) in [(true, 35), (false, 60)] {
+            let mut core = core(&config.replace("\"overload\": {", &format!("\"overload\": {{\"tpot_guard\": {guard}, ")));
+            let waiting: Vec<_> = (0..60).map(|i| add(&mut core, &format!("w{i}"), 0.0, 4)).collect();
+            let plan = core.plan_step(1.0, &[], &waiting, 100_000).unwrap();
+            assert_eq!(plan.num_admissible, expected, "guard {guard}");
+        }
+    }
+}

@@ -1,0 +1,544 @@
+"""The scenario corpus: an evaluation of the policies that no single trace or seed can overfit.
+
+This module owns the corpus's scenarios and everything run over them. A scenario is built only
+from the shared public traces (``../shared/traces``): a window of one trace family (Azure code,
+Azure conversation, Mooncake) supplies the prompts (and Mooncake's prefix blocks); the arrivals are
+the trace's own or ServeGen-shaped (one bursty 10-minute slice of ServeGen's day, or a diurnal
+span of hours, ``meridian.replay.arrivals``); the reasoning lengths are ServeGen DeepSeek-R1's for
+an hour of its day (the whole output, or the trace's own output split by a sampled ratio); a class
+mix and a target set pick each request's SLO class and what it must meet. Arrivals are normalised
+to one request per second, so a load is a rate in requests per second. Each scenario is replayed
+at three loads — where stock vLLM FCFS meets about 90 %, 70 % and 50 % of the requests (found by
+search, ``calibrate``) — under every policy; capacity is DistServe's goodput, the highest rate at
+which 80 % of the requests meet every target of their class (``capacities``).
+
+Invariants: a scenario's requests depend only on its fields (same fields, same requests, whatever
+the policy or the process); every policy at a load replays the very same requests; a result is
+cached under a key of everything that determines it (the scenario, the rate, the policy, its
+``meridian`` config and, for the policies that run the core, the core's build), so a cached
+number is always the number a fresh run gives.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from meridian._core import Config
+from meridian.errors import TraceError
+from meridian.offline.engine import offline_environment
+from meridian.replay import reasoning, traces
+from meridian.replay.arrivals import ServeGenArrivals, retime
+from meridian.replay.policies import POLICIES, policy_spec, replay_policy
+from meridian.replay.profiles import Profile, StepBatch
+from meridian.replay.report import policy_run
+from meridian.replay.workload import model_dir_for, offline_requests
+
+__all__ = [
+    "ATTAINMENT_TARGET",
+    "FAMILIES",
+    "LOAD_POINTS",
+    "TARGET_SETS",
+    "Corpus",
+    "Job",
+    "Scenario",
+    "make_corpus",
+    "scenario_config",
+    "scenario_requests",
+    "traces_dir",
+]
+
+#: The loads each scenario is replayed at: where stock vLLM FCFS meets this share of requests.
+LOAD_POINTS = (0.9, 0.7, 0.5)
+#: Capacity: the highest rate at which this share of requests meets every target (DistServe).
+ATTAINMENT_TARGET = 0.8
+#: A calibrated load is accepted when FCFS's attainment there is this close to its target.
+LOAD_TOLERANCE = 0.03
+
+
+def traces_dir() -> Path:
+    """``$MERIDIAN_TRACES_DIR`` when set, else the shared traces folder beside the checkout."""
+    override = os.environ.get("MERIDIAN_TRACES_DIR", "").strip()
+    return Path(override) if override else reasoning.servegen_dir().parent
+
+
+@dataclass(frozen=True)
+class Family:
+    """A trace family: the files its prompts (and own arrivals) come from, and the profiles it
+    is replayed on with the number of requests a scenario takes on each."""
+
+    files: tuple[str, ...]  # relative to ``traces_dir()``
+    #: Profile → requests per scenario: enough that the backlog at the heaviest load outlasts
+    #: what the engine holds at once (about 300 Azure requests fit the 8B profile's KV cache,
+    #: 100 the 32B's, 60 Mooncake prompts the 8B's), so overload is sustained, not one burst.
+    profiles: dict[str, int]
+    #: The trace's reasoning split sources that make sense for it: "servegen-ratio" keeps the
+    #: trace's own output lengths, which only conversation-like traces have.
+    length_sources: tuple[str, ...]
+
+
+FAMILIES: dict[str, Family] = {
+    "azure-code": Family(("azure_llm_2023/AzureLLMInferenceTrace_code.csv",),
+                         {"h200-qwen3-8b": 1500, "h200-qwen3-32b": 800}, ("servegen",)),
+    "azure-conv": Family(("azure_llm_2023/AzureLLMInferenceTrace_conv.csv",),
+                         {"h200-qwen3-8b": 1500, "h200-qwen3-32b": 800}, ("servegen", "servegen-ratio")),
+    # Its prompts average 15k tokens: only the 8B profile's KV holds a useful batch of them.
+    "mooncake": Family(("mooncake/synthetic_trace.jsonl",), {"h200-qwen3-8b": 600}, ("servegen", "servegen-ratio")),
+}
+
+#: Class targets: the replay's defaults and two sets around them, so no default is tuned to one.
+TARGET_SETS: dict[str, dict[str, dict[str, float]]] = {
+    "default": {
+        "interactive": {"ttft_ms": 2000, "ttfat_ms": 45000, "answer_tpot_ms": 50, "rank": 0},
+        "standard": {"ttft_ms": 5000, "ttfat_ms": 120000, "answer_tpot_ms": 100, "rank": 1},
+        "batch": {"ttft_ms": 60000, "ttfat_ms": 1800000, "answer_tpot_ms": 1000, "rank": 2},
+    },
+    "tight": {
+        "interactive": {"ttft_ms": 1000, "ttfat_ms": 30000, "answer_tpot_ms": 40, "rank": 0},
+        "standard": {"ttft_ms": 3000, "ttfat_ms": 90000, "answer_tpot_ms": 80, "rank": 1},
+        "batch": {"ttft_ms": 30000, "ttfat_ms": 900000, "answer_tpot_ms": 500, "rank": 2},
+    },
+    "relaxed": {
+        "interactive": {"ttft_ms": 3000, "ttfat_ms": 60000, "answer_tpot_ms": 60, "rank": 0},
+        "standard": {"ttft_ms": 10000, "ttfat_ms": 180000, "answer_tpot_ms": 120, "rank": 1},
+        "batch": {"ttft_ms": 120000, "ttfat_ms": 3600000, "answer_tpot_ms": 1000, "rank": 2, "e2e_ms": 7200000},
+    },
+}
+
+CLASS_MIXES = (
+    "mix:interactive=0.3,standard=0.7",
+    "mix:interactive=0.2,standard=0.5,batch=0.3",
+    "mix:interactive=0.5,standard=0.3,batch=0.2",
+    "mix:interactive=0.1,standard=0.3,batch=0.6",
+)
+ARRIVALS = ("trace", "bursty", "diurnal")
+#: ServeGen spans: one 10-minute row (bursty), six hours (diurnal).
+ARRIVAL_SPANS_S = {"bursty": 600.0, "diurnal": 6 * 3600.0}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One workload of the corpus; its requests are ``scenario_requests(self)``."""
+
+    name: str
+    family: str
+    #: Where in the family's trace the requests start (s).
+    trace_start_s: float
+    #: ``trace`` (the trace's own arrivals), ``bursty`` or ``diurnal`` (ServeGen-shaped).
+    arrivals: str
+    #: Time of ServeGen's day the arrivals (bursty, diurnal) and the lengths are drawn from (s).
+    day_start_s: float
+    #: ``servegen`` (ServeGen output and ratio) or ``servegen-ratio`` (the trace's output, a
+    #: ServeGen ratio).
+    lengths: str
+    class_mix: str
+    targets: str
+    profile: str
+    num_requests: int
+    seed: int
+
+    def describe(self) -> str:
+        hour = self.day_start_s / 3600.0
+        return (f"{self.family} from {self.trace_start_s:.0f} s, {self.arrivals} arrivals, {self.lengths} lengths "
+                f"at {hour:04.1f} h, {self.class_mix.removeprefix('mix:')}, {self.targets} targets, {self.profile}")
+
+
+def make_corpus(per_family: int = 6, *, seed: int = 0, request_scale: float = 1.0,
+                families: Sequence[str] = tuple(FAMILIES)) -> list[Scenario]:
+    """``per_family`` scenarios per family, drawn with ``seed``: every arrival kind in turn, the
+    other dimensions (trace window, hour of ServeGen's day, length source, class mix, target set,
+    profile, sampling seed) drawn at random; ``request_scale`` scales the requests per scenario
+    (tests use small corpora)."""
+    if per_family < 1 or not request_scale > 0:
+        raise TraceError(f"a corpus needs per_family >= 1 and request_scale > 0, got {per_family}, {request_scale}")
+    scenarios = []
+    for f_index, name in enumerate(families):
+        family = FAMILIES[name]
+        rng = np.random.default_rng([seed, f_index])
+        span_s = _trace_span_s(name)
+        for i in range(per_family):
+            arrivals = ARRIVALS[i % len(ARRIVALS)]
+            profile = str(rng.choice(sorted(family.profiles)))
+            scenarios.append(Scenario(
+                name=f"{name}-{i:02d}",
+                family=name,
+                # Leave room for the requests after the start (the densest trace, conv, needs ~60 s).
+                trace_start_s=float(np.round(rng.uniform(0.0, max(span_s - 900.0, 1.0)), 1)),
+                arrivals=arrivals,
+                day_start_s=float(rng.integers(0, 144) * 600),
+                lengths=str(rng.choice(family.length_sources)),
+                class_mix=str(rng.choice(CLASS_MIXES)),
+                targets=str(rng.choice(list(TARGET_SETS))),
+                profile=profile,
+                num_requests=max(2, round(family.profiles[profile] * request_scale)),
+                seed=int(rng.integers(0, 2**31)),
+            ))
+    return scenarios
+
+
+def _family_paths(family: str) -> list[Path]:
+    try:
+        files = FAMILIES[family].files
+    except KeyError:
+        raise TraceError(f"unknown trace family {family!r}; known: {', '.join(FAMILIES)}") from None
+    paths = [traces_dir() / f for f in files]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise TraceError(f"trace family {family!r} needs {', '.join(missing)} (the shared traces folder; set "
+                         "MERIDIAN_TRACES_DIR to where it is)")
+    return paths
+
+
+@functools.cache
+def _family_requests(family: str) -> tuple[traces.TraceRequest, ...]:
+    return tuple(traces.load_traces(_family_paths(family)))
+
+
+def _trace_span_s(family: str) -> float:
+    return _family_requests(family)[-1].arrival_ms / 1000.0
+
+
+@functools.cache
+def _servegen_lengths() -> reasoning.ServeGenLengths:
+    folder = reasoning.servegen_dir()
+    if any(folder.glob("chunk-*-dataset.json")):
+        return reasoning.ServeGenLengths.load(folder)
+    return reasoning.ServeGenLengths.default()
+
+
+def scenario_requests(s: Scenario) -> list[traces.TraceRequest]:
+    """The scenario's requests, arrivals normalised to one request per second on average."""
+    window = traces.limit(traces.window(list(_family_requests(s.family)), s.trace_start_s, None), s.num_requests)
+    if len(window) < s.num_requests:
+        raise TraceError(f"scenario {s.name}: the trace holds {len(window)} requests after {s.trace_start_s:g} s, "
+                         f"{s.num_requests} asked for")
+    if s.arrivals == "trace":
+        arrivals_ms = np.asarray([r.arrival_ms for r in window], dtype=np.float64)
+    elif s.arrivals in ARRIVAL_SPANS_S:
+        arrivals_ms = ServeGenArrivals.default().sample(s.day_start_s, ARRIVAL_SPANS_S[s.arrivals], s.num_requests,
+                                                        s.seed)
+    else:
+        raise TraceError(f"scenario {s.name}: unknown arrivals {s.arrivals!r}; expected one of {', '.join(ARRIVALS)}")
+    # One request per second on average: the last arrival at num_requests - 1 seconds.
+    span_ms = float(arrivals_ms[-1] - arrivals_ms[0]) or 1.0
+    arrivals_ms = (arrivals_ms - arrivals_ms[0]) * ((s.num_requests - 1) * 1000.0 / span_ms)
+    requests = retime(window, arrivals_ms)
+    requests = reasoning.apply_reasoning_lengths(requests, s.lengths, seed=s.seed, servegen=_servegen_lengths(),
+                                                 hour_of_day=s.day_start_s / 3600.0)
+    return traces.assign_classes(requests, s.class_mix, s.seed)
+
+
+#: A variant key that is not a config key: every class's ``on_overload`` (a mode name, or a
+#: ``{class: mode}`` object), since the classes themselves come from the scenario's target set.
+ON_OVERLOAD = "on_overload"
+
+
+def scenario_config(s: Scenario, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The ``meridian`` block a scenario runs with: its target set's classes, then ``overrides``
+    (a policy variant's knobs; ``on_overload`` sets the classes' triage)."""
+    try:
+        classes = TARGET_SETS[s.targets]
+    except KeyError:
+        raise TraceError(f"scenario {s.name}: unknown target set {s.targets!r}; known: {', '.join(TARGET_SETS)}") from None
+    config: dict[str, Any] = {"classes": {k: dict(v) for k, v in classes.items()}, "default_class": "standard"}
+    overrides = dict(overrides or {})
+    triage = overrides.pop(ON_OVERLOAD, None)
+    if triage is not None:
+        for name, targets in config["classes"].items():
+            mode = triage.get(name) if isinstance(triage, Mapping) else triage
+            if mode is not None:
+                targets["on_overload"] = mode
+    config.update(overrides)
+    return config
+
+
+# ---- jobs ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One replay: a scenario at a rate (requests per second) under a policy, with a variant of
+    Meridian's knobs (``overrides``) for the policies that run the core."""
+
+    scenario: Scenario
+    rate: float
+    policy: str
+    variant: str = "default"
+    overrides: tuple[tuple[str, str], ...] = ()  # (key, JSON value), sorted
+
+    @staticmethod
+    def of(scenario: Scenario, rate: float, policy: str, variant: str = "default",
+           overrides: Mapping[str, Any] | None = None) -> Job:
+        policy_spec(policy)
+        encoded = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in (overrides or {}).items()))
+        return Job(scenario, float(rate), policy, variant, encoded)
+
+    def config(self) -> dict[str, Any]:
+        return scenario_config(self.scenario, {k: json.loads(v) for k, v in self.overrides})
+
+    def key(self, core_build: str) -> str:
+        runs_core = POLICIES[self.policy].meridian_policy is not None
+        payload = {"scenario": asdict(self.scenario), "rate": round(self.rate, 9), "policy": self.policy,
+                   "config": self.config(), "core": core_build if runs_core else None, "v": RESULT_VERSION}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
+
+
+#: Bump when what a result holds (``_result``) or how a scenario is built changes.
+RESULT_VERSION = 1
+
+
+def _core_build() -> str:
+    """A fingerprint of the core extension: results of policies that run it are only reused by
+    the very same build."""
+    import meridian._core as core
+
+    path = Path(core.__file__ or "")
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.is_file() else "unknown"
+
+
+def _result(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the corpus keeps of a replay summary."""
+    def tails(s: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "submitted": s["submitted"], "good": s["good"], "completed": s["completed"], "attainment": s["attainment"],
+            "shed": s.get("shed", 0),
+            "ttft_ms": {k: s["ttft_ms"][k] for k in ("p50", "p99")},
+            "ttfat_ms": {k: s["ttfat_ms"][k] for k in ("p50", "p99")},
+        }
+
+    out = tails(summary)
+    out.update(
+        throughput_tok_s=summary["throughput_tok_s"], duration_s=summary["duration_s"], stalls=summary["stalls"],
+        answer_preemptions=summary["preemptions"]["answer"], num_steps=summary["num_steps"],
+        shed_notice_ms=summary.get("shed_notice_ms"),
+        per_class={name: tails(c) for name, c in summary["per_class"].items()},
+    )
+    return out
+
+
+def run_job(job: Job, cache_dir: Path) -> dict[str, Any]:
+    """Replays one job (no cache)."""
+    offline_environment(cache_dir)
+    profile = Profile.load(job.scenario.profile)
+    config = job.config()
+    requests = traces.scale_rate(_scenario_requests_cached(job.scenario), job.rate)
+    result = replay_policy(policy_spec(job.policy), offline_requests(requests, profile, Config.from_json(json.dumps(config))),
+                           profile, meridian_config=config, model_dir=model_dir_for(profile, cache_dir))
+    return _result(policy_run(result, job.rate).summary)
+
+
+@functools.lru_cache(maxsize=8)
+def _scenario_requests_cached(s: Scenario) -> list[traces.TraceRequest]:
+    return scenario_requests(s)
+
+
+class ResultCache:
+    """Finished jobs, one JSON line each, keyed by ``Job.key``."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.entries: dict[str, dict[str, Any]] = {}
+        if path is not None and path.is_file():
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if line.strip():
+                    entry = json.loads(line)
+                    self.entries[entry["key"]] = entry["result"]
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, result: dict[str, Any]) -> None:
+        self.entries[key] = result
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as out:
+                out.write(json.dumps({"key": key, "result": result}) + "\n")
+
+
+_POOL_CACHE_DIR: list[Path] = []
+
+
+def _pool_job(job: Job) -> dict[str, Any]:
+    return run_job(job, _POOL_CACHE_DIR[0])
+
+
+@dataclass
+class Corpus:
+    """Runs jobs over worker processes, reusing cached results."""
+
+    cache_dir: Path = Path(".cache")
+    jobs: int = 0  # worker processes; 0: one per core
+    use_cache: bool = True
+    progress: Callable[[str], None] = lambda _line: None
+    cache: ResultCache = field(init=False)
+    core_build: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cache = ResultCache(self.cache_dir / "corpus" / "results.jsonl" if self.use_cache else None)
+        self.core_build = _core_build()
+
+    def run(self, jobs: Iterable[Job]) -> list[dict[str, Any]]:
+        """Each job's result, in order; the ones not cached run in parallel."""
+        jobs = list(jobs)
+        keys = [j.key(self.core_build) for j in jobs]
+        todo: dict[str, Job] = {}
+        for job, key in zip(jobs, keys):
+            if self.cache.get(key) is None and key not in todo:
+                todo[key] = job
+        if todo:
+            self.progress(f"running {len(todo)} replays ({len(jobs) - len(todo)} cached)")
+            for key, result in zip(todo, self._map(list(todo.values()))):
+                self.cache.put(key, result)
+        return [dict(self.cache.get(k) or {}) for k in keys]
+
+    def _map(self, jobs: list[Job]) -> Iterable[dict[str, Any]]:
+        workers = min(len(jobs), self.jobs or (os.cpu_count() or 1))
+        if workers <= 1:
+            return [run_job(j, self.cache_dir) for j in jobs]
+        import vllm  # noqa: F401 - imported once before forking (~20 s), inherited by the workers
+
+        _POOL_CACHE_DIR[:] = [self.cache_dir]
+        context = multiprocessing.get_context("fork")
+        # Longest first: the expensive jobs (light loads, long runs) should not be left for last.
+        order = sorted(range(len(jobs)), key=lambda i: jobs[i].rate)
+        results: list[dict[str, Any] | None] = [None] * len(jobs)
+        with context.Pool(workers, maxtasksperchild=20) as pool:
+            for i, result in zip(order, pool.imap(_pool_job, [jobs[i] for i in order], chunksize=1)):
+                results[i] = result
+                self.progress(f"  {jobs[i].scenario.name} @ {jobs[i].rate:.3g}/s {jobs[i].policy}"
+                              f"[{jobs[i].variant}]: {result['attainment']:.0%}")
+        return [r for r in results if r is not None]
+
+
+# ---- calibration: the loads -------------------------------------------------------------------
+
+
+@dataclass
+class Calibration:
+    """Where FCFS meets each load point's share of requests, for one scenario."""
+
+    scenario: Scenario
+    probes: list[tuple[float, float]] = field(default_factory=list)  # (rate, FCFS attainment)
+
+    def add(self, rate: float, attainment: float) -> None:
+        self.probes.append((rate, attainment))
+        self.probes.sort()
+
+    def closest(self, target: float) -> tuple[float, float]:
+        return min(self.probes, key=lambda p: (abs(p[1] - target), p[0]))
+
+    def settled(self, target: float) -> bool:
+        return bool(self.probes) and abs(self.closest(target)[1] - target) <= LOAD_TOLERANCE
+
+    def next_probe(self, target: float) -> float | None:
+        """The next rate to try for ``target`` (None when settled or when probing cannot help)."""
+        if self.settled(target):
+            return None
+        above = [p for p in self.probes if p[1] >= target]  # low rates
+        below = [p for p in self.probes if p[1] < target]  # high rates
+        if not above:
+            return min(p[0] for p in self.probes) / 2.0
+        if not below:
+            return max(p[0] for p in self.probes) * 2.0
+        lo, hi = max(above), min(below)
+        if hi[0] / lo[0] < 1.02:
+            return None  # bracketed as tightly as rates go: attainment jumps here
+        # Interpolate attainment linearly in log rate, kept away from the bracket's ends.
+        f = (lo[1] - target) / max(lo[1] - hi[1], 1e-9)
+        f = min(max(f, 0.2), 0.8)
+        return math.exp(math.log(lo[0]) + f * (math.log(hi[0]) - math.log(lo[0])))
+
+    def rate_at(self, target: float) -> float:
+        return self.closest(target)[0]
+
+
+def estimated_capacity_rps(s: Scenario) -> float:
+    """A rough saturated rate of the scenario's engine (requests per second), where the load
+    search starts: as many requests as the KV cache holds at their mean mid-life size (at most
+    ``max_num_seqs``) decoding together, each needing its mean output in steps, plus its prompt's
+    share of prefill."""
+    requests = _scenario_requests_cached(s)
+    profile = Profile.load(s.profile)
+    prompt = float(np.mean([r.num_prompt_tokens for r in requests]))
+    output = float(np.mean([r.num_output_tokens for r in requests]))
+    batch = max(1, min(profile.max_num_seqs, int(profile.kv_capacity_tokens / (prompt + output / 2))))
+    prefill_per_step = round(batch * prompt / output)
+    step_ms = profile.step_time_ms(StepBatch(prefill_per_step, batch, round(batch * (prompt + output / 2))))
+    return batch / output / (step_ms / 1000.0)
+
+
+def calibrate(corpus: Corpus, scenarios: Sequence[Scenario], *, start: Sequence[float] = (1.0, 2.5),
+              max_rounds: int = 8) -> dict[str, Calibration]:
+    """FCFS's load points for every scenario, searched in lockstep (one batch of probes per
+    round, every scenario's at once), starting at ``start`` × ``estimated_capacity_rps``."""
+    calibrations = {s.name: Calibration(s) for s in scenarios}
+    pending = [Job.of(s, f * estimated_capacity_rps(s), "vllm-fcfs") for s in scenarios for f in start]
+    for _round in range(max_rounds):
+        if not pending:
+            break
+        for job, result in zip(pending, corpus.run(pending)):
+            calibrations[job.scenario.name].add(job.rate, float(result["attainment"]))
+        pending = []
+        for c in calibrations.values():
+            rates = {round(r, 6) for r in (c.next_probe(t) for t in LOAD_POINTS) if r is not None}
+            pending += [Job.of(c.scenario, r, "vllm-fcfs") for r in sorted(rates)]
+    return calibrations
+
+
+# ---- capacity -------------------------------------------------------------------------------------
+
+
+def capacities(corpus: Corpus, calibrations: Mapping[str, Calibration], policies: Sequence[str],
+               variants: Mapping[str, Mapping[str, Any]] | None = None,
+               max_rounds: int = 5) -> dict[str, dict[str, float]]:
+    """Per scenario and policy, the highest rate at which ``ATTAINMENT_TARGET`` of the requests
+    meet every target (the bracket's low end after the search: a rate that was measured to meet
+    it). ``variants`` (label → overrides) adds Meridian variants, labelled ``meridian[label]``."""
+    searches: dict[tuple[str, str], Calibration] = {}
+    specs: dict[str, tuple[str, str, Mapping[str, Any]]] = {p: (p, "default", {}) for p in policies}
+    for label, overrides in (variants or {}).items():
+        specs[f"meridian[{label}]"] = ("meridian", label, overrides)
+    for name, cal in calibrations.items():
+        fcfs = Calibration(cal.scenario, list(cal.probes))
+        for column in specs:
+            searches[(name, column)] = fcfs if column == "vllm-fcfs" else Calibration(cal.scenario)
+    # Everyone starts where FCFS is known to be near the target: at its two nearest probes.
+    pending: list[tuple[tuple[str, str], Job]] = []
+    for (name, column), search in searches.items():
+        if column == "vllm-fcfs":
+            continue
+        policy, variant, overrides = specs[column]
+        start = calibrations[name].rate_at(ATTAINMENT_TARGET)
+        for rate in (start, start * 1.25):
+            pending.append(((name, column), Job.of(search.scenario, rate, policy, variant, overrides)))
+    for _round in range(max_rounds + 1):
+        for (key, _job), result in zip(pending, corpus.run([j for _, j in pending])):
+            searches[key].add(_job.rate, float(result["attainment"]))
+        pending = []
+        if _round == max_rounds:
+            break
+        for key, search in searches.items():
+            rate = search.next_probe(ATTAINMENT_TARGET)
+            if rate is not None:
+                policy, variant, overrides = specs[key[1]]
+                pending.append((key, Job.of(search.scenario, rate, policy, variant, overrides)))
+    out: dict[str, dict[str, float]] = {}
+    for (name, column), search in searches.items():
+        met = [r for r, a in search.probes if a >= ATTAINMENT_TARGET]
+        out.setdefault(name, {})[column] = max(met) if met else 0.0
+    return out
+
+
+def geometric_mean(values: Iterable[float]) -> float:
+    logs = [math.log(v) for v in values if v > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else float("nan")
