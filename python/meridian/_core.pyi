@@ -6,7 +6,7 @@ from typing import Final, Literal, final
 __all__ = [
     "__version__", "CLASS_ARG", "POLICY_NAMES", "SHED_MARKER", "SHED_REASONS", "THINKING_STOP_RULES", "THINKING_ARG",
     "THINKING_BUDGET_ARG", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
-    "ThinkingStream", "check_request_args", "kernel_source",
+    "ThinkingStream", "check_request_args", "kernel_source", "parse_shed_notice",
 ]
 __version__: str
 #: Request argument (``vllm_xargs`` / ``SamplingParams.extra_args``) naming the SLO class.
@@ -22,6 +22,10 @@ THINKING_STOP_RULES: Final[tuple[str, ...]]
 SHED_MARKER: Final = "meridian:shed"
 #: The targets a request is shed for: ``("ttft", "ttfat")``.
 SHED_REASONS: Final[tuple[str, ...]]
+
+def parse_shed_notice(text: str) -> tuple[str, int] | None:
+    """``(reason, retry_after_s)`` of a shed request's message (its stop reason), or ``None``
+    when the text is not one."""
 
 def kernel_source(name: str) -> str:
     """Source of a bundled CUDA kernel file by name."""
@@ -68,9 +72,14 @@ class Config:
             ConfigError: an explicitly configured marker is not one token (names ``tool_call_markers[i]``).
             InvalidArgumentError: ``found`` does not hold one entry per configured marker.
         """
-    def class_targets(self, name: str) -> dict[str, float | int | None]: ...
+    def class_targets(self, name: str) -> dict[str, float | int | str | None]:
+        """The class's targets (``ttft_ms``, ``ttfat_ms``, ``answer_tpot_ms``, ``e2e_ms``), ``rank`` and
+        ``on_overload``."""
     def thinking_control(self, slo_class: str) -> ThinkingControl:
         """The thinking control a class runs under (its own, else the top-level one)."""
+    def thinking_stream_wanted(self, slo_class: str, control: ThinkingControl) -> bool:
+        """Whether a request of the class under ``control`` needs its thinking followed token by
+        token: a rule is on, or the class degrades under overload."""
 
 @final
 class RestorePlan:
@@ -119,6 +128,10 @@ class StepPlan:
     def shed(self) -> list[Shed]:
         """Requests to end early before vLLM schedules (late requests of ``shed`` classes); last
         in their list's order and not counted in ``num_admissible``."""
+    @property
+    def end_thinking(self) -> list[int]:
+        """Indices into ``running`` of thinking requests whose reasoning must end now to answer by
+        the TTFAT deadline (``degrade`` classes, with a thinking worker attached)."""
 
 @final
 class Shed:
@@ -282,6 +295,9 @@ class Meridian:
         """``(device blocks, tier blocks, tier)`` of a live request's prompt found cached."""
     def on_prefetched(self, handles: list[int]) -> None:
         """These requests' prefixes are as ready as the tiers can make them: no more prefetch."""
+    def set_thinking_worker(self, attached: bool) -> None:
+        """Whether a worker that can end a request's thinking is attached: plans end the thinking
+        of ``degrade`` classes' requests in time only with one."""
     def num_stored_tokens(self, handle: int) -> int:
         """Tokens of the request's KV a tier holds, as far as the core knows (0 after a failed load)."""
     def on_kv_load_failure(self, handle: int, num_blocks: int) -> None:
@@ -334,6 +350,8 @@ class ThinkingStream:
         """Feeds one sampled token; returns the name of the rule that fired on it, if any."""
     def take_probe_due(self) -> bool: ...
     def on_eat_probe(self, eat_entropy_nats: float) -> str | None: ...
+    def end_for_overload(self) -> str | None:
+        """Ends the reasoning now for the scheduler (``degrade``); ``"overload"`` when it does."""
     def set_ttfat_attainment(self, attainment: float) -> None: ...
     @property
     def phase(self) -> str: ...

@@ -1,7 +1,8 @@
-"""The request-argument check in the API server (``meridian.vllm.frontend.RequestArgsCheck``) on a
-FastAPI app wired as vLLM wires its own: vLLM's exception handlers, its authentication middleware
-inside ours (``--middleware`` is added last), a route whose body is read by FastAPI; and the
-core's check through ``convert``. The real server is ``tests/live/test_request_args.py``."""
+"""Meridian's API-server middleware (``meridian.vllm.frontend.MeridianFrontend``) on a FastAPI app
+wired as vLLM wires its own: vLLM's exception handlers, its authentication middleware inside ours
+(``--middleware`` is added last), a route whose body is read by FastAPI; the core's argument check
+through ``convert``, and shed requests answered with HTTP 503 from what the route streams or
+returns. The real servers are ``tests/live/test_request_args.py`` and ``tests/live/test_shed.py``."""
 
 from __future__ import annotations
 
@@ -24,9 +25,11 @@ API_KEY = "sesame"
 
 
 class Body(BaseModel):
-    """The part of a chat request the check reads, typed as vLLM types it."""
+    """The part of a chat request the check reads, typed as vLLM types it; ``reply`` picks what
+    the route answers (the tests of shed answers)."""
 
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    reply: str | None = None
 
 
 def test_the_core_checks_the_class_against_the_configuration_it_is_given() -> None:
@@ -52,7 +55,9 @@ def make_app(additional_config: dict[str, Any], scheduler_cls: str = SCHEDULER_C
     from vllm.entrypoints.serve.exception_handling.register import init_exception_handler
     from vllm.entrypoints.serve.middleware.authenticate import AuthenticationMiddleware
 
-    from meridian.vllm.frontend import RequestArgsCheck
+    from fastapi.responses import StreamingResponse
+
+    from meridian.vllm.frontend import MeridianFrontend
 
     received: list[Any] = []
     app = FastAPI()
@@ -61,15 +66,51 @@ def make_app(additional_config: dict[str, Any], scheduler_cls: str = SCHEDULER_C
     scheduler_config = SimpleNamespace(scheduler_cls=scheduler_cls, get_scheduler_cls=lambda: object)
     app.state.vllm_config = SimpleNamespace(additional_config=additional_config, scheduler_config=scheduler_config)
 
-    @app.post("/v1/chat/completions")
-    async def chat(body: Body) -> dict[str, bool]:
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: Body) -> Any:
         received.append(body.vllm_xargs)
-        return {"ok": True}
+        if body.reply is None:
+            return {"ok": True}
+        if body.reply.startswith("stream:"):
+            events = REPLIES[body.reply]
+
+            async def stream() -> Any:
+                for event in events:
+                    yield f"data: {json.dumps(event)}\n\n"
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(stream(), media_type="text/event-stream")
+        return REPLIES[body.reply]
 
     app.add_middleware(AuthenticationMiddleware, tokens=[API_KEY])
-    app.add_middleware(RequestArgsCheck)
-    assert f"{RequestArgsCheck.__module__}.{RequestArgsCheck.__name__}" == MIDDLEWARE
+    app.add_middleware(MeridianFrontend)
+    assert f"{MeridianFrontend.__module__}.{MeridianFrontend.__name__}" == MIDDLEWARE
     return app, received
+
+
+NOTICE = ("meridian:shed:ttft:2: request `r` of class `gold` cannot meet its TTFT target of 500 ms under the "
+          "current load; retry in 2 s or on another instance")
+
+
+def _choice(finish: str | None = None, stop: str | None = None, **delta: str) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish, "stop_reason": stop}]}
+
+
+#: What the route answers, by ``reply``: vLLM's shapes of a chat completion and its stream.
+REPLIES: dict[str, Any] = {
+    "shed": {"choices": [{"index": 0, "message": {"role": "assistant", "content": ""}, "finish_reason": "abort",
+                          "stop_reason": NOTICE}]},
+    "answered": {"choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop",
+                              "stop_reason": None}]},
+    # A notice-like stop reason on a finish that is not an abort is not a shed request.
+    "stopped-with-text": {"choices": [{"index": 0, "message": {"role": "assistant", "content": ""},
+                                       "finish_reason": "stop", "stop_reason": NOTICE}]},
+    "stream:shed": [_choice(role="assistant", content=""), _choice("abort", NOTICE)],
+    "stream:answered": [_choice(role="assistant", content=""), _choice(reasoning_content="hm"), _choice(content="4"),
+                        _choice("stop")],
+    # Shed after its thinking began: the stream is the client's already.
+    "stream:shed-late": [_choice(role="assistant", content=""), _choice(reasoning_content="hm"), _choice("abort", NOTICE)],
+}
 
 
 def post(app: Any, body: Any, *, auth: bool = True, content_type: str | None = None) -> Any:
@@ -135,3 +176,27 @@ def test_on_a_server_without_meridians_scheduler_it_checks_nothing(caplog: pytes
     assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}).status_code == 200
     assert received == [{CLASS_ARG: "gold"}]
     assert "checks nothing" in caplog.text
+
+
+def test_a_request_shed_before_its_first_token_is_a_503_with_retry_after() -> None:
+    app, _ = make_app({"meridian": GOLD})
+    for reply in ("shed", "stream:shed"):
+        response = post(app, {"reply": reply})
+        assert response.status_code == 503, (reply, response.text)
+        assert response.headers["retry-after"] == "2"
+        error = response.json()["error"]
+        assert error["code"] == 503 and error["type"] == "ServiceUnavailableError" and error["message"] == NOTICE
+
+
+def test_every_other_response_goes_out_as_it_came() -> None:
+    app, _ = make_app({"meridian": GOLD})
+    for reply in ("answered", "stopped-with-text"):
+        response = post(app, {"reply": reply})
+        assert response.status_code == 200 and response.json() == REPLIES[reply], reply
+    for reply in ("stream:answered", "stream:shed-late"):
+        response = post(app, {"reply": reply})
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = [json.loads(line.removeprefix("data: ")) for line in response.text.split("\n\n")
+                  if line.startswith("data: {")]
+        assert events == REPLIES[reply], reply
+        assert response.text.rstrip().endswith("data: [DONE]")

@@ -294,6 +294,7 @@ struct RawOverload {
     shed_running: Option<bool>,
     fcfs_slack_ttft_factor: Option<f64>,
     tpot_guard: Option<bool>,
+    degrade_margin_ms: Option<f64>,
 }
 
 /// How the policy judges and triages work that does not fit (key `overload`). A request's
@@ -318,6 +319,10 @@ pub struct Overload {
     /// tightest answer TPOT target among the running and admitted requests (with
     /// `tpot_headroom`), as SCORPIO's virtual batch size does (default true).
     pub tpot_guard: bool,
+    /// Under `degrade`, a thinking request's reasoning is ended this long (plus a few decode
+    /// steps for the closing sequence) before its TTFAT deadline (default 500 ms: the scheduler's
+    /// word reaches a worker in another process within that).
+    pub degrade_margin_ms: f64,
 }
 
 impl Default for Overload {
@@ -327,6 +332,7 @@ impl Default for Overload {
             shed_running: true,
             fcfs_slack_ttft_factor: 0.5,
             tpot_guard: true,
+            degrade_margin_ms: 500.0,
         }
     }
 }
@@ -475,6 +481,14 @@ impl Config {
             Some(Some(own)) => own,
             _ => &self.thinking_control,
         }
+    }
+
+    /// Whether a request of `class` under `control` (its class's, or its own) needs its thinking
+    /// followed token by token: a rule is on, or the class degrades under overload (the scheduler
+    /// may end its thinking).
+    pub fn thinking_stream_wanted(&self, class: ClassId, control: &ThinkingControl) -> bool {
+        control.is_enabled()
+            || self.classes.get(class.index()).is_some_and(|c| c.on_overload == OnOverload::Degrade)
     }
 
     /// The token ids of the tool-call markers, given `found`: per configured marker, in order,
@@ -655,6 +669,10 @@ fn validate_overload(raw: RawOverload) -> Result<Overload> {
             raw.fcfs_slack_ttft_factor.unwrap_or(defaults.fcfs_slack_ttft_factor),
         )?,
         tpot_guard: raw.tpot_guard.unwrap_or(defaults.tpot_guard),
+        degrade_margin_ms: non_negative(
+            "overload.degrade_margin_ms",
+            raw.degrade_margin_ms.unwrap_or(defaults.degrade_margin_ms),
+        )?,
     })
 }
 

@@ -267,6 +267,9 @@ pub struct ClassCounters {
     /// Requests ended early because they could no longer meet their targets (also counted in
     /// `num_aborted`), by the target they could not meet: TTFT, then TTFAT.
     pub num_shed: [u64; 2],
+    /// Thinking requests whose reasoning a plan ended to answer by the TTFAT deadline (counted
+    /// when the plan decides).
+    pub num_degraded: u64,
 }
 
 /// [`PhaseCounts`] widened for aggregates.

@@ -43,8 +43,8 @@ pub mod thinking;
 pub mod thinking_stream;
 
 pub use config::{
-    ArrivalPreemption, Config, KvTierConfig, Overload, Policy, PrefixAffinity, ReasoningBlockRule, RestoreMode,
-    StepTimeProfile,
+    ArrivalPreemption, Config, KvTierConfig, Overload, Policy, PrefixAffinity, ReasoningBlockRule,
+    RestoreMode, StepTimeProfile,
 };
 pub use error::{Error, Result};
 pub use kv_tier::{RestorePlan, TierCounters, TierId, TierSpan};
@@ -55,8 +55,8 @@ pub use phase::{Phase, ReasoningMarkers, TokenKind};
 pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
 pub use request_args::check_request_args;
 pub use scheduler::{
-    ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Meridian, NewRequest, Preemption, ReqHandle,
-    SchedulerStats, Shed, ShedNotice, ShedReason, StepPlan, SHED_MARKER,
+    parse_shed_notice, ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Meridian, NewRequest,
+    Preemption, ReqHandle, SchedulerStats, Shed, ShedNotice, ShedReason, StepPlan, SHED_MARKER,
 };
 pub use slo::{ClassId, OnOverload, SloClass, SloTargets, CLASS_ARG};
 pub use step_model::{StepCoefficients, StepShape};

@@ -116,6 +116,11 @@ pub struct StepPlan {
     /// ([`OnOverload::Shed`]), each with the target it can no longer meet. They are last in their
     /// list's order and not counted in `num_admissible`. Each request at most once.
     pub shed: Vec<Shed>,
+    /// Indices into `running` (ascending) of thinking requests whose reasoning must end now so
+    /// that their answer starts by the TTFAT deadline (classes under [`OnOverload::Degrade`],
+    /// once a worker that can end it is attached, [`Meridian::set_thinking_worker`]). Each
+    /// request at most once.
+    pub end_thinking: Vec<u32>,
 }
 
 /// What a preemption meant.
@@ -181,6 +186,8 @@ pub struct SchedulerStats {
     pub num_unknown_finish_reasons: u64,
     /// Requests a plan listed to end early ([`StepPlan::shed`]).
     pub num_shed: u64,
+    /// Thinking requests a plan ended to answer in time ([`StepPlan::end_thinking`]).
+    pub num_degraded: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -214,6 +221,8 @@ struct Tracked {
     prefetched: bool,
     /// A plan listed it to end early, for this reason ([`StepPlan::shed`]).
     shed: Option<ShedReason>,
+    /// A plan ended its thinking to answer in time ([`StepPlan::end_thinking`]).
+    thinking_ended: bool,
 }
 
 impl Tracked {
@@ -256,6 +265,8 @@ struct Hot {
     stored_tier: u8,
     /// A plan listed it to end early: it goes last and is never admitted or chosen again.
     shed: bool,
+    /// A plan ended its thinking ([`StepPlan::end_thinking`]).
+    thinking_ended: bool,
 }
 
 impl Hot {
@@ -285,6 +296,7 @@ impl Hot {
                 .map_or(0, |s| s.num_tokens.min(r.num_tokens())),
             stored_tier: r.stored_prefix.map_or(0, |s| s.tier.0),
             shed: r.shed.is_some(),
+            thinking_ended: r.thinking_ended,
         }
     }
 }
@@ -414,8 +426,13 @@ pub struct Meridian {
     class_triage: Vec<OnOverload>,
     /// The decode step the last plan predicted (the answer bank of the next plan reads it).
     last_decode_step_ms: f64,
+    /// How fast requests get their first token: the rate at which the queue drains (the
+    /// saturation gauge reads it).
+    start_rate: load::RateMeter,
     /// Whether any class sheds (the plan skips the triage pass otherwise).
     any_shed_class: bool,
+    /// Whether any class degrades and a worker can end thinking ([`Self::set_thinking_worker`]).
+    degrades: bool,
     /// The KV tiers beyond the device and their load costs.
     kv_tiers: KvTiers,
     /// The shape of the last step measured: the extra step a KV load costs is priced as one
@@ -464,7 +481,9 @@ impl Meridian {
                 })
                 .collect(),
             any_shed_class: class_triage.contains(&OnOverload::Shed),
+            degrades: false,
             last_decode_step_ms: 0.0,
+            start_rate: load::RateMeter::default(),
             class_triage,
             fresh_think_viable_tokens: vec![0.0; class_table.len()],
             step_model: StepTimeModel::new(&config.step_time),
@@ -584,6 +603,7 @@ impl Meridian {
             prefetched: false,
             probe: false,
             shed: None,
+            thinking_ended: false,
         };
         let handle = self.insert(tracked);
         self.by_req_id.insert(req.req_id.to_owned(), handle);
@@ -644,6 +664,7 @@ impl Meridian {
         let decode_step_ms = self.step_model.predict_ms(load.decodes());
         self.last_decode_step_ms = decode_step_ms;
         let shed = self.triage(now_ms, running, waiting, decode_step_ms);
+        let end_thinking = self.degrade(now_ms, running, decode_step_ms);
         let running_order = self.order_running(now_ms, running, decode_step_ms);
         let waiting_order = self.order_waiting(now_ms, waiting, decode_step_ms);
         let num_reserved_blocks = load.num_reserved_blocks;
@@ -672,6 +693,7 @@ impl Meridian {
         self.stats.num_steps += 1;
         self.remember_step(PendingStep { step_id, scheduled_at_ms: now_ms });
         self.stats.num_shed += shed.len() as u64;
+        self.stats.num_degraded += end_thinking.len() as u64;
         Ok(StepPlan {
             step_id,
             running_order,
@@ -683,6 +705,7 @@ impl Meridian {
             preempt,
             prefetch,
             shed,
+            end_thinking,
         })
     }
 
@@ -727,9 +750,13 @@ impl Meridian {
             let kind = request.tracker.on_token(markers, token);
             request.ledger.on_token(now_ms, kind, stall_gap_ms);
         }
+        let started = request.num_output_tokens == 0 && !token_ids.is_empty() && !request.probe;
         request.num_output_tokens = request.num_output_tokens.saturating_add(token_ids.len() as u32);
         if !token_ids.is_empty() {
             request.preempted = false;
+        }
+        if started {
+            self.start_rate.record(now_ms);
         }
         self.refresh_hot(handle);
         Ok(())
@@ -1183,7 +1210,8 @@ impl Meridian {
             // step one more: (spent + decode + x) / (n + 1) ≤ target.
             let target_ms = tpot_ms * self.config.tpot_headroom;
             let spent_ms = if r.has_answered { now_ms - r.first_answer_ms } else { 0.0 };
-            let banked_ms = target_ms * (f64::from(r.num_answer_tokens) + 1.0) - spent_ms - self.last_decode_step_ms;
+            let banked_ms =
+                target_ms * (f64::from(r.num_answer_tokens) + 1.0) - spent_ms - self.last_decode_step_ms;
             load.least_banked_ms = load.least_banked_ms.min(banked_ms);
             if self.config.answer_kv_reserve {
                 // Blocks this answer is expected to need before it finishes.
@@ -1580,7 +1608,7 @@ mod prefix;
 mod tiers;
 
 pub use load::{ClassLoad, EngineLoad};
-pub use overload::{Shed, ShedNotice, ShedReason, SHED_MARKER};
+pub use overload::{parse_shed_notice, Shed, ShedNotice, ShedReason, SHED_MARKER};
 
 #[cfg(test)]
 mod tests;

@@ -570,16 +570,20 @@ pub enum StopReason {
     Proxy,
     /// RPDI deviation.
     Rpdi,
+    /// Not a rule of the request's control: the scheduler ended the thinking so that the answer
+    /// starts by the TTFAT deadline (its class's `on_overload: degrade`).
+    Overload,
 }
 
 impl StopReason {
     /// Every rule, in declaration order.
-    pub const ALL: [StopReason; 5] = [
+    pub const ALL: [StopReason; 6] = [
         StopReason::Budget,
         StopReason::LoadAwareBudget,
         StopReason::Eat,
         StopReason::Proxy,
         StopReason::Rpdi,
+        StopReason::Overload,
     ];
 
     /// Stable snake_case name, for logs and the request ledger.
@@ -590,6 +594,7 @@ impl StopReason {
             StopReason::Eat => "eat",
             StopReason::Proxy => "proxy",
             StopReason::Rpdi => "rpdi",
+            StopReason::Overload => "overload",
         }
     }
 }
@@ -746,6 +751,16 @@ impl ThinkingState {
             return Some(StopReason::Rpdi);
         }
         None
+    }
+
+    /// The scheduler ends the thinking now ([`StopReason::Overload`]); `None` when a rule fired
+    /// already.
+    pub fn stop_for_overload(&mut self) -> Option<StopReason> {
+        if self.fired.is_some() {
+            return None;
+        }
+        self.fire(StopReason::Overload);
+        Some(StopReason::Overload)
     }
 
     fn fire(&mut self, reason: StopReason) {
@@ -1327,6 +1342,7 @@ mod tests {
                     StopReason::Eat => assert!(state.eat().count >= control.eat.unwrap().min_lines),
                     StopReason::Proxy => assert!(n >= control.proxy.unwrap().min_tokens),
                     StopReason::Rpdi => assert!(state.rpdi().num_tokens >= control.rpdi.unwrap().min_tokens),
+                    StopReason::Overload => unreachable!("only the scheduler ends a thinking for overload"),
                 }
                 assert_eq!(state.fired(), Some(FiredAt { reason, num_think_tokens: n }));
             }

@@ -208,6 +208,20 @@ impl ThinkingStream {
         self.probe_due = false;
     }
 
+    /// The scheduler ends the reasoning now, to answer by the TTFAT deadline (`on_overload:
+    /// degrade`): the forced sequence starts with the next token. `None` (and no change) unless
+    /// the request is thinking and no rule fired yet.
+    pub fn end_for_overload(&mut self) -> Option<StopReason> {
+        if self.phase != StreamPhase::Thinking {
+            return None;
+        }
+        let fired = self.state.stop_for_overload();
+        if fired.is_some() {
+            self.start_forcing();
+        }
+        fired
+    }
+
     /// Whether an EAT probe is due (a reasoning line just ended); clears the flag.
     pub fn take_probe_due(&mut self) -> bool {
         std::mem::take(&mut self.probe_due)

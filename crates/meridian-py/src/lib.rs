@@ -112,6 +112,16 @@ impl PyConfig {
         self.class_thinking_control(slo_class)
     }
 
+    /// Whether a request of `slo_class` under `control` needs its thinking followed token by
+    /// token: a rule is on, or the class degrades under overload.
+    fn thinking_stream_wanted(
+        &self,
+        slo_class: &str,
+        control: &thinking::PyThinkingControl,
+    ) -> PyResult<bool> {
+        self.thinking_stream_wanted_for(slo_class, control)
+    }
+
     /// Targets of one class as a dict (`ttft_ms`, `ttfat_ms`, `answer_tpot_ms`, `e2e_ms`, `rank`).
     fn class_targets<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
         let id = self.inner.class_by_name(name).ok_or_else(|| {
@@ -142,6 +152,7 @@ struct PyStepPlan {
     preempt: Vec<u32>,
     prefetch: Vec<u32>,
     shed: Vec<PyShed>,
+    end_thinking: Vec<u32>,
 }
 
 /// A request a plan ends early, and what its client is told.
@@ -293,6 +304,7 @@ impl PyMeridian {
             preempt: plan.preempt,
             prefetch: plan.prefetch,
             shed,
+            end_thinking: plan.end_thinking,
         })
     }
 
@@ -317,6 +329,7 @@ impl PyMeridian {
             d.set_item("least_slack_ms", c.least_slack_ms)?;
             d.set_item("ttfat_headroom_ms", c.ttfat_headroom_ms)?;
             d.set_item("expected_output_tokens", c.expected_output_tokens)?;
+            d.set_item("saturation", c.saturation)?;
             out.set_item(&class.name, d)?;
         }
         Ok((out, load.phase_weighted_queue))
@@ -448,6 +461,7 @@ impl PyMeridian {
         d.set_item("num_arrival_preemptions", s.num_arrival_preemptions)?;
         d.set_item("num_unknown_finish_reasons", s.num_unknown_finish_reasons)?;
         d.set_item("num_shed", s.num_shed)?;
+        d.set_item("num_degraded", s.num_degraded)?;
         Ok(d)
     }
 
@@ -469,6 +483,7 @@ impl PyMeridian {
             for reason in core::ShedReason::ALL {
                 d.set_item(format!("num_shed_{}", reason.name()), c.num_shed[reason as usize])?;
             }
+            d.set_item("num_degraded", c.num_degraded)?;
             out.set_item(&class.name, d)?;
         }
         Ok(out)
@@ -602,6 +617,12 @@ impl PyMeridian {
         Ok((c.num_device_blocks, c.num_tier_blocks, c.tier.0))
     }
 
+    /// A worker that can end a request's thinking is attached (or not): plans end the thinking
+    /// of `degrade` classes' requests in time only with one.
+    fn set_thinking_worker(&mut self, attached: bool) {
+        self.inner.set_thinking_worker(attached);
+    }
+
     /// These requests' prefixes are as ready as the tiers can make them: no more prefetch.
     fn on_prefetched(&mut self, handles: Vec<u64>) -> PyResult<()> {
         for handle in handles {
@@ -686,6 +707,13 @@ fn phase_name(phase: core::Phase) -> &'static str {
 }
 
 /// The extension module.
+/// The reason and the retry-after seconds of a shed request's message (its stop reason), or
+/// `None` when the text is not one.
+#[pyfunction]
+fn parse_shed_notice(text: &str) -> Option<(&'static str, u32)> {
+    core::parse_shed_notice(text).map(|(reason, retry_after_s)| (reason.name(), retry_after_s))
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -695,6 +723,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("POLICY_NAMES", PyTuple::new(m.py(), core::Policy::ALL.map(core::Policy::name))?)?;
     m.add("THINKING_STOP_RULES", PyTuple::new(m.py(), core::StopReason::ALL.map(core::StopReason::as_str))?)?;
     m.add("SHED_MARKER", core::SHED_MARKER)?;
+    m.add_function(wrap_pyfunction!(parse_shed_notice, m)?)?;
     m.add("SHED_REASONS", PyTuple::new(m.py(), core::ShedReason::ALL.map(core::ShedReason::name))?)?;
     m.add_class::<PyConfig>()?;
     m.add_class::<PyMeridian>()?;

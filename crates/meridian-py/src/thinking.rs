@@ -61,14 +61,25 @@ impl PyThinkingControl {
 }
 
 impl PyConfig {
-    pub(crate) fn class_thinking_control(&self, slo_class: &str) -> PyResult<PyThinkingControl> {
-        let id = self.inner.class_by_name(slo_class).ok_or_else(|| {
+    fn class_id(&self, slo_class: &str) -> PyResult<core::ClassId> {
+        self.inner.class_by_name(slo_class).ok_or_else(|| {
             errors::invalid_argument(format!(
                 "unknown class {slo_class:?}; classes: {}",
                 self.inner.class_names()
             ))
-        })?;
-        Ok(PyThinkingControl { inner: self.inner.thinking_control_for(id).clone() })
+        })
+    }
+
+    pub(crate) fn class_thinking_control(&self, slo_class: &str) -> PyResult<PyThinkingControl> {
+        Ok(PyThinkingControl { inner: self.inner.thinking_control_for(self.class_id(slo_class)?).clone() })
+    }
+
+    pub(crate) fn thinking_stream_wanted_for(
+        &self,
+        slo_class: &str,
+        control: &PyThinkingControl,
+    ) -> PyResult<bool> {
+        Ok(self.inner.thinking_stream_wanted(self.class_id(slo_class)?, &control.inner))
     }
 }
 
@@ -132,6 +143,12 @@ impl PyThinkingStream {
     /// The result of an EAT probe; returns `"eat"` when it ends the reasoning.
     fn on_eat_probe(&mut self, eat_entropy_nats: f32) -> Option<&'static str> {
         self.inner.on_eat_probe(eat_entropy_nats).map(core::StopReason::as_str)
+    }
+
+    /// The scheduler ends the reasoning now (`on_overload: degrade`); returns `"overload"` when
+    /// it does (the request was thinking and no rule had fired).
+    fn end_for_overload(&mut self) -> Option<&'static str> {
+        self.inner.end_for_overload().map(core::StopReason::as_str)
     }
 
     /// Sets the class's recent TTFAT attainment (load-aware budget).

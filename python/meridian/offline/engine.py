@@ -294,6 +294,10 @@ class OutputScript(Protocol):
         """The thinking-control rule that ended the reasoning, if one did."""
         ...
 
+    def end_thinking(self) -> None:
+        """The scheduler ends the reasoning now (``on_overload: degrade``)."""
+        ...
+
 
 @dataclass(frozen=True)
 class FixedScript:
@@ -307,6 +311,9 @@ class FixedScript:
     @property
     def thinking_stopped_by(self) -> str | None:
         return None
+
+    def end_thinking(self) -> None:
+        pass  # a fixed script has no thinking control
 
 
 @dataclass(frozen=True)
@@ -446,6 +453,11 @@ class OfflineEngine:
         self.now_ms = 0.0
         if hasattr(scheduler, "clock_ms"):
             scheduler.clock_ms = lambda: self.now_ms
+        # The scripted model stands in for the worker: it ends the thinking the scheduler asks
+        # it to (``thinking_endings``), as MeridianThinkingProcessor would.
+        attach = getattr(scheduler, "attach_thinking_worker", None)
+        if attach is not None:
+            attach()
         self.observer_config = observer_config or Config.from_json("{}")
         self._observer_classes = set(self.observer_config.class_names)
         self.observer = _observer(scheduler, self.observer_config)
@@ -584,6 +596,10 @@ class OfflineEngine:
         """The token each scheduled request samples: its script at the next output position."""
         attainment = self.observer.recent_ttfat_attainment()
         live = self._live
+        for req_id in getattr(self.scheduler, "thinking_endings", ()):
+            entry = live.get(req_id)
+            if entry is not None:
+                entry[0].script.end_thinking()
         return sampled_tokens(
             output, self.scheduler.requests, lambda req_id, pos: live[req_id][0].script.token_at(pos, attainment)
         )

@@ -425,17 +425,23 @@ class Corpus:
 
 @dataclass
 class Calibration:
-    """Where FCFS meets each load point's share of requests, for one scenario."""
+    """Where FCFS meets each load point's share of requests, for one scenario. Loads below
+    ``floor_rate`` are not searched: a scenario whose requests miss their targets even nearly
+    alone on the engine (tight targets, long thinking) has no 90 % point, and replaying it at a
+    trickle would take a million steps to say so."""
 
     scenario: Scenario
     probes: list[tuple[float, float]] = field(default_factory=list)  # (rate, FCFS attainment)
+    floor_rate: float = 0.0
 
     def add(self, rate: float, attainment: float) -> None:
         self.probes.append((rate, attainment))
         self.probes.sort()
 
     def closest(self, target: float) -> tuple[float, float]:
-        return min(self.probes, key=lambda p: (abs(p[1] - target), p[0]))
+        """The probe (at or above the floor) whose attainment is closest to ``target``."""
+        above_floor = [p for p in self.probes if p[0] >= self.floor_rate] or self.probes
+        return min(above_floor, key=lambda p: (abs(p[1] - target), p[0]))
 
     def settled(self, target: float) -> bool:
         return bool(self.probes) and abs(self.closest(target)[1] - target) <= LOAD_TOLERANCE
@@ -447,7 +453,8 @@ class Calibration:
         above = [p for p in self.probes if p[1] >= target]  # low rates
         below = [p for p in self.probes if p[1] < target]  # high rates
         if not above:
-            return min(p[0] for p in self.probes) / 2.0
+            lowest = min(p[0] for p in self.probes)
+            return lowest / 2.0 if lowest / 2.0 >= self.floor_rate else None
         if not below:
             return max(p[0] for p in self.probes) * 2.0
         lo, hi = max(above), min(below)
@@ -460,6 +467,15 @@ class Calibration:
 
     def rate_at(self, target: float) -> float:
         return self.closest(target)[0]
+
+    def point(self, target: float) -> tuple[float, float] | None:
+        """The probe standing for the load point ``target``: the closest, when it is within twice
+        the search's tolerance (``None``: the scenario has no such load, e.g. FCFS never meets 90 %
+        of it above the floor)."""
+        if not self.probes:
+            return None
+        rate, attainment = self.closest(target)
+        return (rate, attainment) if abs(attainment - target) <= 2 * LOAD_TOLERANCE else None
 
 
 def estimated_capacity_rps(s: Scenario) -> float:
@@ -477,11 +493,16 @@ def estimated_capacity_rps(s: Scenario) -> float:
     return batch / output / (step_ms / 1000.0)
 
 
+#: The lowest load searched, as a share of ``estimated_capacity_rps``.
+FLOOR_CAPACITY_SHARE = 0.25
+
+
 def calibrate(corpus: Corpus, scenarios: Sequence[Scenario], *, start: Sequence[float] = (1.0, 2.5),
               max_rounds: int = 8) -> dict[str, Calibration]:
     """FCFS's load points for every scenario, searched in lockstep (one batch of probes per
     round, every scenario's at once), starting at ``start`` × ``estimated_capacity_rps``."""
-    calibrations = {s.name: Calibration(s) for s in scenarios}
+    calibrations = {s.name: Calibration(s, floor_rate=FLOOR_CAPACITY_SHARE * estimated_capacity_rps(s))
+                    for s in scenarios}
     pending = [Job.of(s, f * estimated_capacity_rps(s), "vllm-fcfs") for s in scenarios for f in start]
     for _round in range(max_rounds):
         if not pending:
@@ -495,50 +516,241 @@ def calibrate(corpus: Corpus, scenarios: Sequence[Scenario], *, start: Sequence[
     return calibrations
 
 
-# ---- capacity -------------------------------------------------------------------------------------
-
-
-def capacities(corpus: Corpus, calibrations: Mapping[str, Calibration], policies: Sequence[str],
-               variants: Mapping[str, Mapping[str, Any]] | None = None,
-               max_rounds: int = 5) -> dict[str, dict[str, float]]:
-    """Per scenario and policy, the highest rate at which ``ATTAINMENT_TARGET`` of the requests
-    meet every target (the bracket's low end after the search: a rate that was measured to meet
-    it). ``variants`` (label → overrides) adds Meridian variants, labelled ``meridian[label]``."""
-    searches: dict[tuple[str, str], Calibration] = {}
-    specs: dict[str, tuple[str, str, Mapping[str, Any]]] = {p: (p, "default", {}) for p in policies}
-    for label, overrides in (variants or {}).items():
-        specs[f"meridian[{label}]"] = ("meridian", label, overrides)
-    for name, cal in calibrations.items():
-        fcfs = Calibration(cal.scenario, list(cal.probes))
-        for column in specs:
-            searches[(name, column)] = fcfs if column == "vllm-fcfs" else Calibration(cal.scenario)
-    # Everyone starts where FCFS is known to be near the target: at its two nearest probes.
-    pending: list[tuple[tuple[str, str], Job]] = []
-    for (name, column), search in searches.items():
-        if column == "vllm-fcfs":
-            continue
-        policy, variant, overrides = specs[column]
-        start = calibrations[name].rate_at(ATTAINMENT_TARGET)
-        for rate in (start, start * 1.25):
-            pending.append(((name, column), Job.of(search.scenario, rate, policy, variant, overrides)))
-    for _round in range(max_rounds + 1):
-        for (key, _job), result in zip(pending, corpus.run([j for _, j in pending])):
-            searches[key].add(_job.rate, float(result["attainment"]))
-        pending = []
-        if _round == max_rounds:
-            break
-        for key, search in searches.items():
-            rate = search.next_probe(ATTAINMENT_TARGET)
-            if rate is not None:
-                policy, variant, overrides = specs[key[1]]
-                pending.append((key, Job.of(search.scenario, rate, policy, variant, overrides)))
-    out: dict[str, dict[str, float]] = {}
-    for (name, column), search in searches.items():
-        met = [r for r, a in search.probes if a >= ATTAINMENT_TARGET]
-        out.setdefault(name, {})[column] = max(met) if met else 0.0
-    return out
-
-
 def geometric_mean(values: Iterable[float]) -> float:
     logs = [math.log(v) for v in values if v > 0]
     return math.exp(sum(logs) / len(logs)) if logs else float("nan")
+
+
+# ---- the whole corpus -------------------------------------------------------------------------
+
+#: The baseline every ratio divides by.
+BASELINE = "vllm-fcfs"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column of the report: a policy, for Meridian a named variant of its knobs."""
+
+    label: str
+    policy: str
+    variant: str = "default"
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+
+    def job(self, scenario: Scenario, rate: float) -> Job:
+        return Job.of(scenario, rate, self.policy, self.variant, self.overrides)
+
+
+def columns(policies: Sequence[str], variants: Mapping[str, Mapping[str, Any]] | None = None) -> list[Column]:
+    """The stock baseline first, then ``policies``, then Meridian's ``variants`` (label →
+    overrides, shown as ``meridian[label]``)."""
+    out = [Column(BASELINE, BASELINE)]
+    out += [Column(p, p) for p in policies if p != BASELINE]
+    out += [Column(f"meridian[{label}]", "meridian", label, dict(ov)) for label, ov in (variants or {}).items()]
+    for c in out:
+        policy_spec(c.policy)
+    return out
+
+
+@dataclass
+class CorpusReport:
+    """Every column's results on every scenario at every load point."""
+
+    scenarios: list[Scenario]
+    columns: list[Column]
+    #: Scenario → load point → rate (requests/s) and FCFS's measured attainment there (absent
+    #: where the scenario has no such load: FCFS never meets 90 % of it above the search floor).
+    loads: dict[str, dict[float, tuple[float, float]]]
+    #: (scenario, load point, column label) → ``_result``.
+    results: dict[tuple[str, float, str], dict[str, Any]]
+    #: Scenario → column label → capacity (requests/s), when measured.
+    capacity: dict[str, dict[str, float]] | None = None
+
+    def ratio(self, scenario: str, point: float, label: str) -> float:
+        """The column's requests meeting every target over FCFS's, same requests."""
+        base = self.results[(scenario, point, BASELINE)]["good"]
+        mine = self.results[(scenario, point, label)]["good"]
+        return mine / base if base else (math.inf if mine else 1.0)
+
+    def at(self, point: float, scenarios: Sequence[Scenario] | None = None) -> list[Scenario]:
+        """The scenarios (of ``scenarios``, default all) that have the load point."""
+        return [s for s in (scenarios or self.scenarios) if point in self.loads[s.name]]
+
+    def summary(self, point: float, label: str, scenarios: Sequence[Scenario] | None = None) -> dict[str, Any]:
+        """Geometric mean and worst of the column's ratios at a load point (over ``scenarios``,
+        default all, that have it)."""
+        ratios = {s.name: self.ratio(s.name, point, label) for s in self.at(point, scenarios)}
+        if not ratios:
+            return {"geomean": math.nan, "worst": math.nan, "worst_scenario": None, "scenarios": 0}
+        worst = min(ratios, key=lambda n: ratios[n])
+        return {"geomean": geometric_mean(ratios.values()), "worst": ratios[worst], "worst_scenario": worst,
+                "scenarios": len(ratios)}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "scenarios": [asdict(s) for s in self.scenarios],
+            "columns": [{"label": c.label, "policy": c.policy, "overrides": dict(c.overrides)} for c in self.columns],
+            "loads": {n: {str(p): {"rate": r, "fcfs_attainment": a} for p, (r, a) in pts.items()}
+                      for n, pts in self.loads.items()},
+            "results": [{"scenario": n, "load_point": p, "column": c, **r} for (n, p, c), r in self.results.items()],
+            "summary": {str(p): {c.label: self.summary(p, c.label) for c in self.columns} for p in LOAD_POINTS},
+            "capacity": self.capacity,
+        }
+
+
+def run_corpus(corpus: Corpus, scenarios: Sequence[Scenario], cols: Sequence[Column], *,
+               capacity: bool = False) -> CorpusReport:
+    """Calibrates the loads, replays every column at each, and (``capacity``) searches each
+    column's capacity."""
+    calibrations = calibrate(corpus, scenarios)
+    loads = {s.name: {p: found for p in LOAD_POINTS if (found := calibrations[s.name].point(p)) is not None}
+             for s in scenarios}
+    jobs = [(s.name, p, c.label, c.job(s, loads[s.name][p][0]))
+            for s in scenarios for p in loads[s.name] for c in cols]
+    results = {(n, p, label): r for (n, p, label, _), r in zip(jobs, corpus.run([j for *_, j in jobs]))}
+    report = CorpusReport(list(scenarios), list(cols), loads, results)
+    if capacity:
+        report.capacity = capacity_of(corpus, calibrations, cols)
+    return report
+
+
+def capacity_of(corpus: Corpus, calibrations: Mapping[str, Calibration], cols: Sequence[Column],
+                max_rounds: int = 5) -> dict[str, dict[str, float]]:
+    """Per scenario and column, the highest rate at which ``ATTAINMENT_TARGET`` of the requests
+    meet every target: FCFS's from the load search, every other column's searched from FCFS's
+    (the probed rate that met it; the bracket is narrowed ``max_rounds`` times)."""
+    searches = {(name, c.label): Calibration(cal.scenario, list(cal.probes) if c.label == BASELINE else [])
+                for name, cal in calibrations.items() for c in cols}
+    by_label = {c.label: c for c in cols}
+    pending: list[tuple[tuple[str, str], Job]] = []
+    for (name, label), search in searches.items():
+        if label != BASELINE:
+            start = calibrations[name].rate_at(ATTAINMENT_TARGET)
+            pending += [((name, label), by_label[label].job(search.scenario, r)) for r in (start, start * 1.25)]
+    for round_ in range(max_rounds + 1):
+        for (key, job), result in zip(pending, corpus.run([j for _, j in pending])):
+            searches[key].add(job.rate, float(result["attainment"]))
+        if round_ == max_rounds:
+            break
+        pending = []
+        for key, search in searches.items():
+            rate = search.next_probe(ATTAINMENT_TARGET)
+            if rate is not None and key[1] != BASELINE:
+                pending.append((key, by_label[key[1]].job(search.scenario, rate)))
+    out: dict[str, dict[str, float]] = {}
+    for (name, label), search in searches.items():
+        met = [r for r, a in search.probes if a >= ATTAINMENT_TARGET]
+        out.setdefault(name, {})[label] = max(met) if met else 0.0
+    return out
+
+
+def leave_one_family_out(report: CorpusReport, candidates: Sequence[str], default: str,
+                         point: float = 0.5) -> list[dict[str, Any]]:
+    """For each family: the candidate column with the best geometric mean on the other families,
+    and how it and ``default`` do on the held-out one. A candidate is adopted as a default only
+    if it beats the default on every held-out family it was picked on."""
+    rows = []
+    families = sorted({s.family for s in report.scenarios})
+    for held_out in families:
+        tuned = [s for s in report.scenarios if s.family != held_out]
+        test = [s for s in report.scenarios if s.family == held_out]
+        best = max(candidates, key=lambda c: report.summary(point, c, tuned)["geomean"])
+        rows.append({
+            "held_out": held_out, "picked": best,
+            "picked_on_tuned": report.summary(point, best, tuned)["geomean"],
+            "picked_on_held_out": report.summary(point, best, test)["geomean"],
+            "default_on_held_out": report.summary(point, default, test)["geomean"],
+        })
+    return rows
+
+
+def render(report: CorpusReport) -> str:
+    """Markdown: per load point, a row per scenario (FCFS's attainment, each column's ratio), the
+    geometric mean and the worst; per family; capacity when measured."""
+    labels = [c.label for c in report.columns]
+    lines = []
+    for point in LOAD_POINTS:
+        lines += [f"### Load where FCFS meets ~{point:.0%} of requests", "",
+                  "| scenario | rate (req/s) | FCFS met | " + " | ".join(l for l in labels if l != BASELINE) + " |",
+                  "|---|---|---|" + "---|" * (len(labels) - 1)]
+        for s in report.scenarios:
+            if point not in report.loads[s.name]:
+                lines.append(f"| {s.name} | — | — | " + " | ".join("—" for l in labels if l != BASELINE) + " |")
+                continue
+            rate, _ = report.loads[s.name][point]
+            base = report.results[(s.name, point, BASELINE)]
+            cells = [f"{report.ratio(s.name, point, l):.2f}" for l in labels if l != BASELINE]
+            lines.append(f"| {s.name} | {rate:.3g} | {base['attainment']:.0%} | " + " | ".join(cells) + " |")
+        for name, subset in [("geometric mean", None), *[(f"geo. mean {f}", [s for s in report.scenarios if s.family == f])
+                                                         for f in sorted({s.family for s in report.scenarios})]]:
+            cells = [f"{report.summary(point, l, subset)['geomean']:.2f}" for l in labels if l != BASELINE]
+            lines.append(f"| **{name}** | | | " + " | ".join(cells) + " |")
+        worst = [report.summary(point, l) for l in labels if l != BASELINE]
+        lines.append("| **worst** | | | " + " | ".join(f"{w['worst']:.2f} ({w['worst_scenario']})" for w in worst) + " |")
+        lines.append("")
+    if report.capacity:
+        lines += ["### Capacity (highest rate with ≥ 80 % of requests meeting every target), × FCFS", "",
+                  "| scenario | FCFS (req/s) | " + " | ".join(l for l in labels if l != BASELINE) + " |",
+                  "|---|---|" + "---|" * (len(labels) - 1)]
+        cap_ratios: dict[str, list[float]] = {l: [] for l in labels}
+        for s in report.scenarios:
+            caps = report.capacity[s.name]
+            base = caps[BASELINE]
+            cells = []
+            for l in labels:
+                if l == BASELINE:
+                    continue
+                r = caps[l] / base if base else math.nan
+                cap_ratios[l].append(r)
+                cells.append(f"{r:.2f}")
+            lines.append(f"| {s.name} | {base:.3g} | " + " | ".join(cells) + " |")
+        lines.append("| **geometric mean** | | " + " | ".join(
+            f"{geometric_mean(cap_ratios[l]):.2f}" for l in labels if l != BASELINE) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(report: CorpusReport, out_dir: Path) -> list[Path]:
+    """One PNG per load point: each column's per-scenario ratio to FCFS (a dot per scenario, the
+    family by marker), its geometric mean as a bar; and the capacity ratios when measured."""
+    from meridian.replay.report import _pyplot
+
+    plt = _pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    labels = [c.label for c in report.columns if c.label != BASELINE]
+    markers = dict(zip(sorted({s.family for s in report.scenarios}), "os^D"))
+    panels: list[tuple[str, str, Callable[[Scenario, str], float], Callable[[str], float]]] = [
+        (f"load_{round(p * 100)}", f"requests meeting every target, × FCFS (FCFS ≈ {p:.0%})",
+         lambda s, l, p=p: report.ratio(s.name, p, l) if p in report.loads[s.name] else math.nan,
+         lambda l, p=p: report.summary(p, l)["geomean"])
+        for p in LOAD_POINTS]
+    if report.capacity:
+        cap = report.capacity
+
+        def cap_ratio(s: Scenario, l: str) -> float:
+            base = cap[s.name][BASELINE]
+            return cap[s.name][l] / base if base else math.nan
+
+        panels.append(("capacity", "capacity at 80 % attainment, × FCFS", cap_ratio,
+                       lambda l: geometric_mean(cap_ratio(s, l) for s in report.scenarios)))
+    written = []
+    for name, ylabel, ratio, mean in panels:
+        fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(labels), 4.2))
+        ax.bar(range(len(labels)), [mean(l) for l in labels], color="#d0d8e8", label="geometric mean")
+        for family, marker in markers.items():
+            for x, label in enumerate(labels):
+                ys = [ratio(s, label) for s in report.scenarios if s.family == family]
+                ax.scatter([x + 0.15 * (list(markers).index(family) - 1)] * len(ys), ys, marker=marker, s=18,
+                           color="#333333", label=family if x == 0 else None)
+        ax.axhline(1.0, color="#aa3333", linewidth=1)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
+        ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"corpus_{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

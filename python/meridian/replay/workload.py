@@ -38,11 +38,12 @@ def offline_requests(requests: list[TraceRequest], profile: Profile, config: Con
     it names none), at its class's rank as vLLM priority, ``max_tokens`` within the profile's
     context (below 1: the engine rejects it, as vLLM's frontend would)."""
     controls = {name: config.thinking_control(name) for name in config.class_names}
+    followed = {name: config.thinking_stream_wanted(name, control) for name, control in controls.items()}
     ranks = {name: int(config.class_targets(name)["rank"] or 0) for name in config.class_names}
     out = []
     for trace in requests:
         slo_class = trace.slo_class or config.default_class
-        script = ScriptedModel(trace, slo_class, controls[slo_class])
+        script = ScriptedModel(trace, slo_class, controls[slo_class], followed[slo_class])
         out.append(OfflineRequest(
             req_id=trace.req_id,
             arrival_ms=trace.arrival_ms,
@@ -57,17 +58,19 @@ def offline_requests(requests: list[TraceRequest], profile: Profile, config: Con
 
 class ScriptedModel:
     """One request's scripted output, token by token, with thinking control applied: the trace's
-    thinking until a rule fires (the core's ``ThinkingStream`` decides, as in the logits
-    processor), the forced closing words and ``</think>``, then the trace's answer and EOS."""
+    thinking until a rule fires or the scheduler ends it (the core's ``ThinkingStream`` decides,
+    as in the logits processor), the forced closing words and ``</think>``, then the trace's
+    answer and EOS. ``followed``: the thinking is followed token by token (a rule is on, or the
+    class degrades under overload)."""
 
-    def __init__(self, trace: TraceRequest, slo_class: str, control: ThinkingControl) -> None:
+    def __init__(self, trace: TraceRequest, slo_class: str, control: ThinkingControl, followed: bool) -> None:
         self.trace = trace
         self.slo_class = slo_class
         self.tokens: list[int] = []
         self.end_position: int | None = None
         self.stream: ThinkingStream | None = None
         closing_words = len((control.closing_text or "").split())
-        if trace.num_think_tokens is not None and control.is_enabled():
+        if trace.num_think_tokens is not None and followed:
             forced = [WORD_IDS[i % len(WORD_IDS)] for i in range(closing_words)] + [THINK_END]
             self.stream = ThinkingStream(
                 control, [THINK_START], start_ids=[THINK_START], end_ids=[THINK_END], forced_ids=forced
@@ -78,6 +81,11 @@ class ScriptedModel:
     @property
     def thinking_stopped_by(self) -> str | None:
         return self.stream.fired_reason if self.stream is not None else None
+
+    def end_thinking(self) -> None:
+        """The scheduler ends the thinking now (``on_overload: degrade``): the next tokens close it."""
+        if self.stream is not None:
+            self.stream.end_for_overload()
 
     def token_at(self, position: int, attainment: Mapping[str, float]) -> int:
         """The token at output ``position`` (asked in order; a repeated position gets the same)."""

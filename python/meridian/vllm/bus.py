@@ -7,11 +7,14 @@ with tensor parallelism it is a child process of it. Three things cross: the wor
 probes (parent ``req_id`` and how many of its output tokens the probe covers; the scheduler
 builds the probe from the parent it holds) and reports each request whose reasoning a rule ended
 (the rule and the thinking tokens, for the request log), and the scheduler publishes each
-class's recent TTFAT attainment (the load-aware budget). In one process both go through memory; across
+class's recent TTFAT attainment (the load-aware budget) and the requests whose thinking it ends
+to answer in time (``on_overload: degrade``). In one process both go through memory; across
 processes the worker finds the engine core by its parent pid: probes and stops travel as
-datagrams on a Unix socket the scheduler binds, attainment as a small JSON file it rewrites when a value
-changes (at most ten times a second) and the worker re-reads at most four times a second. Invariant: nothing here blocks either side; a lost probe request only delays an EAT
-decision or a log field, a missing attainment only means no tightening.
+datagrams on a Unix socket the scheduler binds, attainment and endings as a small JSON file it
+rewrites when a value changes (at most ten times a second) and the worker re-reads at most four
+times a second. Invariant: nothing here blocks either side; a lost probe request only delays an
+EAT decision or a log field, a missing attainment only means no tightening, a late ending only
+ends a thinking later (the scheduler's margin allows for the file's delay).
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ def _socket_path(engine_pid: int) -> Path:
     return bus_dir() / f"meridian-{engine_pid}.sock"
 
 
-def _attainment_path(engine_pid: int) -> Path:
-    return bus_dir() / f"meridian-{engine_pid}.attainment.json"
+def _state_path(engine_pid: int) -> Path:
+    return bus_dir() / f"meridian-{engine_pid}.state.json"
 
 
 class SchedulerEndpoint:
@@ -67,6 +70,7 @@ class SchedulerEndpoint:
         self._stops: deque[tuple[str, str, int]] = deque(maxlen=MAX_PENDING_PROBES)
         self._lock = threading.Lock()
         self._attainment: dict[str, float] = {}
+        self._endings: frozenset[str] = frozenset()
         self._published_at = 0.0
         self._dirty = False
         self._sock: socket.socket | None = None
@@ -126,28 +130,32 @@ class SchedulerEndpoint:
                 elif isinstance(message, _Stop):
                     self._stops.append((message.req_id, message.reason, message.num_think_tokens))
 
-    def publish_attainment(self, attainment: dict[str, float]) -> None:
-        """Records each class's recent TTFAT attainment. Other processes see a change at once, or
-        within 0.1 s of activity when changes come faster (a deferred write goes out with a later
-        call)."""
-        if attainment != self._attainment:
+    def publish(self, attainment: dict[str, float], endings: frozenset[str]) -> None:
+        """Records each class's recent TTFAT attainment and the requests whose thinking is to end
+        now. Other processes see a change at once, or within 0.1 s of activity when changes come
+        faster (a deferred write goes out with a later call)."""
+        if attainment != self._attainment or endings != self._endings:
             self._attainment = dict(attainment)
+            self._endings = endings
             self._dirty = True
         now = time.monotonic()
         if not self._dirty or now - self._published_at < ATTAINMENT_WRITE_PERIOD_S:
             return
         self._published_at = now
         self._dirty = False
-        path = _attainment_path(self.pid)
+        path = _state_path(self.pid)
         try:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(self._attainment))
+            tmp.write_text(json.dumps({"attainment": self._attainment, "end_thinking": sorted(self._endings)}))
             os.replace(tmp, path)
         except OSError as exc:
             logger.debug("meridian: cannot write %s: %s", path, exc)
 
     def attainment(self) -> dict[str, float]:
         return self._attainment
+
+    def thinking_endings(self) -> frozenset[str]:
+        return self._endings
 
     def close(self) -> None:
         with _LOCAL_LOCK:
@@ -156,7 +164,7 @@ class SchedulerEndpoint:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        for path in (_socket_path(self.pid), _attainment_path(self.pid)):
+        for path in (_socket_path(self.pid), _state_path(self.pid)):
             try:
                 path.unlink(missing_ok=True)
             except OSError:
@@ -204,6 +212,7 @@ class WorkerEndpoint:
     def __init__(self) -> None:
         self._sock: socket.socket | None = None
         self._attainment: dict[str, float] = {}
+        self._endings: frozenset[str] = frozenset()
         self._read_at = 0.0
         self._warned = False
 
@@ -251,13 +260,26 @@ class WorkerEndpoint:
         local = self._local()
         if local is not None:
             return local.attainment()
-        now = time.monotonic()
-        if now - self._read_at >= ATTAINMENT_READ_PERIOD_S:
-            self._read_at = now
-            try:
-                loaded = json.loads(_attainment_path(os.getppid()).read_text())
-                if isinstance(loaded, dict):
-                    self._attainment = {str(k): float(v) for k, v in loaded.items()}
-            except (OSError, ValueError, TypeError):
-                pass
+        self._read_state()
         return self._attainment
+
+    def thinking_endings(self) -> frozenset[str]:
+        """The requests whose thinking the scheduler ends now (``on_overload: degrade``)."""
+        local = self._local()
+        if local is not None:
+            return local.thinking_endings()
+        self._read_state()
+        return self._endings
+
+    def _read_state(self) -> None:
+        now = time.monotonic()
+        if now - self._read_at < ATTAINMENT_READ_PERIOD_S:
+            return
+        self._read_at = now
+        try:
+            loaded = json.loads(_state_path(os.getppid()).read_text())
+            attainment, endings = loaded["attainment"], loaded["end_thinking"]
+            self._attainment = {str(k): float(v) for k, v in attainment.items()}
+            self._endings = frozenset(str(r) for r in endings)
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            pass

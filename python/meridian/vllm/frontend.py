@@ -1,19 +1,21 @@
-"""``RequestArgsCheck``: a request's Meridian arguments checked in vLLM's API server, so a bad one
-is that request's HTTP 400 naming the argument, before the engine sees it.
+"""``MeridianFrontend``: Meridian's part of vLLM's API server — a request's Meridian arguments
+checked before the engine sees them (HTTP 400 naming the argument), and a request that triage
+shed before its first token answered with HTTP 503 and ``Retry-After`` instead of an aborted
+completion.
 
-Selected with ``--middleware meridian.vllm.frontend.RequestArgsCheck`` next to ``--scheduler-cls
-meridian.vllm.MeridianScheduler``. Why a middleware: vLLM 0.32's one per-request check in the
-API server is a logits processor's ``validate_params``, which sees the request and nothing of the
-server's configuration (``MeridianThinkingProcessor`` uses it for what needs none), runs only
-when ``--logits-processors`` names one, and ``get_current_vllm_config()`` is not set there; the
-plugin groups loaded in the API server either come before the configuration exists
-(``vllm.general_plugins``) or never see a request (``vllm.stat_logger_plugins``). A class the
-server does not define was therefore caught only in the engine core, where vLLM can fail a
-request only as an internal error (HTTP 500, or an error event in the stream). ``--middleware``
-is vLLM's own server option, and the middleware reaches the server's ``VllmConfig`` through
-``app.state`` (vLLM sets it before serving).
+Selected with ``--middleware meridian.vllm.frontend.MeridianFrontend`` next to ``--scheduler-cls
+meridian.vllm.MeridianScheduler`` (``RequestArgsCheck``, its earlier name, is the same class).
+Why a middleware: vLLM 0.32's one per-request check in the API server is a logits processor's
+``validate_params``, which sees the request and nothing of the server's configuration
+(``MeridianThinkingProcessor`` uses it for what needs none), runs only when
+``--logits-processors`` names one, and ``get_current_vllm_config()`` is not set there; the plugin
+groups loaded in the API server either come before the configuration exists
+(``vllm.general_plugins``) or never see a request (``vllm.stat_logger_plugins``). And a request
+the scheduler ends can only reach the client as a finished output: the engine core has no way to
+choose an HTTP status. ``--middleware`` is vLLM's own server option, and the middleware reaches
+the server's ``VllmConfig`` through ``app.state`` (vLLM sets it before serving).
 
-How it answers: it reads nothing itself; it watches the body of each JSON ``POST`` as the route
+How it checks: it reads nothing itself; it watches the body of each JSON ``POST`` as the route
 reads it, and when a ``vllm_xargs`` object in it carries Meridian's arguments the core checks
 them against the server's ``meridian`` configuration (``convert.check_request_args``). A
 rejection is raised from that read as FastAPI's ``HTTPException``, which FastAPI passes on from a
@@ -22,9 +24,19 @@ body read, so vLLM's own handler answers with its error body (``{"error": {"mess
 scheduler checks again (the same core function) for what never passes here: requests without a
 JSON body, offline ``LLM`` use, servers started without this middleware.
 
-Invariant: only an argument the core rejects stops a request here; a body the check cannot read,
-a server not running ``MeridianScheduler``, or a fault of the check itself lets the request
-through unchanged (the scheduler remains the last line).
+How it answers a shed request: it holds a completion's response start (and any body that carries
+no token yet) until the body shows either a token — then everything goes out as it came, the
+client sees no difference but when its headers left — or, first, a choice that finished
+``abort`` with a stop reason carrying the core's shed notice (``SHED_MARKER``). Then the client
+gets HTTP 503 with ``Retry-After`` and an OpenAI-style error body with the notice, which OpenAI
+clients, load generators and routers treat as "try again later or elsewhere". A request shed
+after its first token (a thinking one, under ``shed_running``) ends its stream with that finish
+and message.
+
+Invariant: only an argument the core rejects stops a request here, and only a shed notice before
+any token turns a response into a 503; a body the check cannot read, a server not running
+``MeridianScheduler``, or a fault of the check itself lets the request and its response through
+unchanged (the scheduler remains the last line).
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ require_supported_vllm()
 
 from fastapi import HTTPException  # noqa: E402
 
+from meridian._core import parse_shed_notice  # noqa: E402
 from meridian.errors import RequestArgsError  # noqa: E402
 from meridian.vllm import convert  # noqa: E402
 from meridian.vllm.config import config_from_vllm  # noqa: E402
@@ -58,9 +71,9 @@ logger = logging.getLogger("meridian")
 _MARKER = os.path.commonprefix(list(REQUEST_ARGS)).encode()
 
 
-class RequestArgsCheck:
-    """ASGI middleware: HTTP 400 for a request whose Meridian arguments the core rejects (see the
-    module docs)."""
+class MeridianFrontend:
+    """ASGI middleware: HTTP 400 for a request whose Meridian arguments the core rejects, HTTP 503
+    with ``Retry-After`` for one shed before its first token (see the module docs)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -72,12 +85,25 @@ class RequestArgsCheck:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST" and _is_json(scope) and self._is_active(scope):
             receive = _BodyCheck(receive, self._config).receive
+            if scope.get("path", "") in COMPLETION_PATHS:
+                send = _ShedAnswer(send).send
         await self.app(scope, receive, send)
+
 
     def _is_active(self, scope: Scope) -> bool:
         if self._active is None:
             self._active, self._config = _server_config(scope)
         return self._active
+
+
+#: The name this middleware had before it also answered shed requests; existing deployments'
+#: ``--middleware meridian.vllm.frontend.RequestArgsCheck`` keeps working.
+RequestArgsCheck = MeridianFrontend
+
+#: The OpenAI-API routes whose responses carry choices with a finish and a stop reason.
+COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+#: Bytes of a response held while no token has shown: past this it goes out as it is.
+MAX_HELD_BYTES = 1 << 20
 
 
 def _server_config(scope: Scope) -> tuple[bool, Config | None]:
@@ -158,3 +184,122 @@ def check_body(body: bytes, config: Config | None) -> None:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     except Exception:  # noqa: BLE001 - a fault of the check never fails a request; the scheduler checks
         logger.exception("meridian: checking a request's arguments failed; the request goes on")
+
+
+class _ShedAnswer:
+    """Wraps one response's ``send``: holds the response start and the body until it shows a token
+    (or the response ends), then lets everything through — or answers HTTP 503 when the first
+    thing it shows is a shed notice."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._start: Message | None = None
+        self._held: list[Message] = []
+        self._decided = False
+        #: A 503 went out instead: the rest of the route's response goes nowhere.
+        self._replaced = False
+
+    async def send(self, message: Message) -> None:
+        if self._replaced:
+            return
+        if self._decided:
+            await self._send(message)
+            return
+        if message["type"] == "http.response.start":
+            if message.get("status") != 200:
+                self._decided = True
+                await self._send(message)
+                return
+            self._start = message
+            return
+        if message["type"] != "http.response.body":
+            await self._release()
+            await self._send(message)
+            return
+        self._held.append(message)
+        body = b"".join(m.get("body", b"") for m in self._held)
+        more = bool(message.get("more_body", False))
+        try:
+            verdict = _verdict(body, self._streaming(), finished=not more)
+        except Exception:  # noqa: BLE001 - a fault of the check never changes a response
+            logger.exception("meridian: reading a response for a shed notice failed; it goes out unchanged")
+            verdict = _RELEASE
+        if verdict is _HOLD and more and len(body) <= MAX_HELD_BYTES:
+            return
+        if isinstance(verdict, tuple):
+            await self._answer_shed(*verdict)
+        else:
+            await self._release()
+
+    def _streaming(self) -> bool:
+        headers = dict(self._start.get("headers", ())) if self._start else {}
+        return headers.get(b"content-type", b"").split(b";", 1)[0].strip() == b"text/event-stream"
+
+    async def _release(self) -> None:
+        self._decided = True
+        if self._start is not None:
+            await self._send(self._start)
+        for held in self._held:
+            await self._send(held)
+        self._held.clear()
+
+    async def _answer_shed(self, message: str, retry_after_s: int) -> None:
+        self._decided = self._replaced = True
+        self._held.clear()
+        body = json.dumps({"error": {"message": message, "type": "ServiceUnavailableError", "param": None,
+                                     "code": 503}}).encode()
+        await self._send({"type": "http.response.start", "status": 503, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(retry_after_s).encode())]})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+#: ``_verdict``'s answers besides a shed notice ``(message, retry_after_s)``.
+_HOLD, _RELEASE = object(), object()
+
+
+def _verdict(body: bytes, streaming: bool, finished: bool) -> object:
+    """What the response so far says: a shed notice before any token (``(message,
+    retry_after_s)``), ``_RELEASE`` once a token (or anything else) shows, ``_HOLD`` while
+    nothing has."""
+    if not streaming:
+        if not finished:
+            return _HOLD
+        return _choices_verdict(json.loads(body), final=True)
+    for event in body.split(b"\n\n")[:-1] if not finished else body.split(b"\n\n"):
+        data = event.strip().removeprefix(b"data:").strip()
+        if not data:
+            continue
+        if data == b"[DONE]":
+            return _RELEASE
+        verdict = _choices_verdict(json.loads(data), final=False)
+        if verdict is not _HOLD:
+            return verdict
+    return _RELEASE if finished else _HOLD
+
+
+def _choices_verdict(payload: Any, final: bool) -> object:
+    choices = payload.get("choices") if isinstance(payload, dict) else None
+    if not isinstance(choices, list) or not choices:
+        return _RELEASE
+    for choice in choices:
+        if not isinstance(choice, dict):
+            return _RELEASE
+        stop_reason = choice.get("stop_reason")
+        notice = parse_shed_notice(stop_reason) if isinstance(stop_reason, str) else None
+        if choice.get("finish_reason") == "abort" and notice is not None and not _has_tokens(choice):
+            return stop_reason, notice[1]
+        if _has_tokens(choice) or choice.get("finish_reason") is not None:
+            return _RELEASE
+    return _RELEASE if final else _HOLD
+
+
+def _has_tokens(choice: dict[str, Any]) -> bool:
+    """Whether a choice (or a stream delta) carries output: text, reasoning or tool calls."""
+    parts = [choice.get("text"), choice.get("message"), choice.get("delta")]
+    for part in parts:
+        if isinstance(part, str) and part:
+            return True
+        if isinstance(part, dict) and any(part.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls")):
+            return True
+    return False

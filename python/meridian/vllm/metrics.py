@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from meridian._core import THINKING_STOP_RULES
+from meridian._core import SHED_REASONS, THINKING_STOP_RULES
 from meridian.vllm._version import require_supported_vllm
 from meridian.vllm.bus import bus_dir
 from meridian.errors import ConfigError
@@ -153,6 +153,9 @@ class MeridianMetrics:
             n["answer_preemption_alarms"], "Answering requests preempted while a thinking request ran.", base)
         self.arrival_preemptions = counter(
             n["arrival_preemptions"], "Running requests preempted for a more important arrival.", per_class)
+        self.shed_requests = counter(n["shed_requests"], "Requests ended early because they could no longer meet "
+                                     "their class's targets (on_overload: shed), by the target they would miss.",
+                                     [*per_class, "reason"])
         self.thinking_stops = counter(n["thinking_stops"], "Reasoning ended by a thinking-control rule.",
                                       [*base, "rule"])
         self.kv_tier_resumes = counter(n["kv_tier_resumes"], "Tier hits on resume: loaded or recomputed.",
@@ -168,6 +171,9 @@ class MeridianMetrics:
                                     "(NaN: no request before its answer).", per_class)
         self.recent_attainment = gauge(n["recent_ttfat_attainment"], "TTFAT attainment of the class's recent "
                                        "completions (NaN before the first).", per_class)
+        self.saturation = gauge(n["saturation"], "How long a new request of the class would wait for its first "
+                                "token, in units of its TTFT target (>= 1: it would miss it; route elsewhere).",
+                                per_class)
         self.phase_weighted_queue = gauge(n["phase_weighted_queue"], "Expected remaining output of every request, "
                                           "in fresh requests of its class (a queue length for routers).", base)
         self.class_target = gauge(n["class_target"], "The class's targets (NaN: none set).", [*per_class, "target"])
@@ -178,8 +184,10 @@ class MeridianMetrics:
         # Create every child now (each value's file is chosen when it is created).
         for name in self._class_names:
             for series in (self.ttfat, self.answer_tpot, self.thinking_tokens, self.arrival_preemptions,
-                           self.least_slack, self.ttfat_headroom, self.recent_attainment):
+                           self.least_slack, self.ttfat_headroom, self.recent_attainment, self.saturation):
                 self._child(series, **{"class": name})
+            for reason in SHED_REASONS:
+                self._child(self.shed_requests, **{"class": name}, reason=reason)
             for met in ("true", "false"):
                 self._child(self.requests_finished, **{"class": name}, met_slo=met)
             for state in REQUEST_STATES:
@@ -228,6 +236,7 @@ class MeridianMetrics:
             self._child(self.least_slack, **of_class).set(_seconds(load["least_slack_ms"]))
             self._child(self.ttfat_headroom, **of_class).set(_seconds(load["ttfat_headroom_ms"]))
             self._child(self.recent_attainment, **of_class).set(attainment.get(name, float("nan")))
+            self._child(self.saturation, **of_class).set(load["saturation"])
         self._child(self.phase_weighted_queue).set(queue)
         self._child(self.expected_output_tokens).set(sum(float(c["expected_output_tokens"] or 0) for c in classes.values()))
         for term, value in zip(STEP_TIME_TERMS, core.step_time_coefficients(), strict=True):
@@ -241,6 +250,8 @@ class MeridianMetrics:
         self._advance(self.answer_preemption_alarms, stats["num_answer_preemption_alarms"])
         for name, counters in core.class_counters().items():
             self._advance(self.arrival_preemptions, counters["num_arrival_preemptions"], **{"class": name})
+            for reason in SHED_REASONS:
+                self._advance(self.shed_requests, counters[f"num_shed_{reason}"], **{"class": name}, reason=reason)
         tier = core.kv_tier_counters()
         self._advance(self.kv_tier_resumes, tier["num_restores"], decision="loaded")
         self._advance(self.kv_tier_resumes, tier["num_recomputes"], decision="recomputed")

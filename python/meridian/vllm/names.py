@@ -40,8 +40,9 @@ CONFIG_KEY = "meridian"
 SCHEDULER_CLS = "meridian.vllm.MeridianScheduler"
 #: ``--logits-processors`` value.
 LOGITS_PROCESSOR = "meridian.vllm.thinking:MeridianThinkingProcessor"
-#: ``--middleware`` value: the request arguments checked in vLLM's API server (HTTP 400).
-MIDDLEWARE = "meridian.vllm.frontend.RequestArgsCheck"
+#: ``--middleware`` value: the request arguments checked in vLLM's API server (HTTP 400), shed
+#: requests answered with HTTP 503.
+MIDDLEWARE = "meridian.vllm.frontend.MeridianFrontend"
 
 #: Every request argument a client sends Meridian, as the core checks them.
 REQUEST_ARGS = (CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG)
@@ -81,6 +82,7 @@ METRIC_NAMES = {
     "preemptions": "meridian:preemptions_total",
     "answer_preemption_alarms": "meridian:answer_preemption_alarms_total",
     "arrival_preemptions": "meridian:arrival_preemptions_total",
+    "shed_requests": "meridian:shed_requests_total",
     "thinking_stops": "meridian:thinking_stops_total",
     "kv_tier_resumes": "meridian:kv_tier_resumes_total",
     "kv_tier_resume_tokens": "meridian:kv_tier_resume_tokens_total",
@@ -91,6 +93,7 @@ METRIC_NAMES = {
     "recent_ttfat_attainment": "meridian:recent_ttfat_attainment",
     "phase_weighted_queue": "meridian:phase_weighted_queue",
     "expected_output_tokens": "meridian:expected_output_tokens",
+    "saturation": "meridian:saturation",
     "step_time_model": "meridian:step_time_model_ms",
     "class_target": "meridian:class_target_seconds",
 }

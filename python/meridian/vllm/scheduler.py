@@ -164,6 +164,11 @@ class MeridianScheduler(AsyncScheduler):
         self.num_thinking_stops: Counter[str] = Counter()
         #: The channel to MeridianThinkingProcessor; none (and nothing polled per step) without it.
         self._bus = SchedulerEndpoint() if processor_configured(self.vllm_config) else None
+        #: Requests whose thinking a plan ended to answer in time (``degrade``), until they
+        #: finish: what the thinking worker reads (the processor over the bus; the replay's
+        #: scripted model directly).
+        self.thinking_endings: set[str] = set()
+        self.meridian.set_thinking_worker(self._bus is not None)
         self._install_queues()
         #: Meridian's eviction order on an OffloadingConnector's tier, when one is configured.
         tier_policy = None if self.connector is None else CoreRestorePolicy(self.meridian, self.requests)
@@ -233,6 +238,7 @@ class MeridianScheduler(AsyncScheduler):
         held = [running[i] for i in plan.held]
         victims = [running[i] for i in plan.preempt]
         shed = self._shed_requests(plan.shed, running)
+        self.thinking_endings.update(running[i].request_id for i in plan.end_thinking)
         set_aside = {id(r) for r in held} | {id(r) for r in victims} | {id(r) for r, _ in shed}
         # Held requests sit the step out: vLLM only schedules (and only preempts) what is in
         # `running`, so they keep their KV and rejoin at the back right after.
@@ -282,7 +288,7 @@ class MeridianScheduler(AsyncScheduler):
         self._emit_ended(outputs)
         self.probes.drop_outputs(outputs, self.requests)
         if self._bus is not None:
-            self._bus.publish_attainment(self.meridian.recent_ttfat_attainment())
+            self._bus.publish(self.meridian.recent_ttfat_attainment(), frozenset(self.thinking_endings))
         if self._step_log is not None and shape is not None:
             meridian_ms = getattr(scheduler_output, COST_ATTR, 0.0) + (time.perf_counter() - started) * 1000.0
             self._log_step(shape, step_ms, meridian_ms)
@@ -414,7 +420,14 @@ class MeridianScheduler(AsyncScheduler):
         if handles:
             self.meridian.on_tokens_batch(now_ms, handles, counts, flat)
 
+    def attach_thinking_worker(self) -> None:
+        """Something other than ``MeridianThinkingProcessor`` ends thinking for this scheduler (the
+        replay's scripted model reads ``thinking_endings``): plans may end thinking to answer in
+        time (``on_overload: degrade``)."""
+        self.meridian.set_thinking_worker(True)
+
     def _finish_in_core(self, request: Request, handle: int) -> None:
+        self.thinking_endings.discard(request.request_id)
         # The request's last tokens were appended inside super().update_from_output(), before
         # _record_tokens runs: the core takes the ones it has not seen with the finish.
         report = self.meridian.finish(

@@ -202,7 +202,7 @@ class MeridianThinkingProcessor(LogitsProcessor):
             # validate_params rejected this at admission; reaching here means a caller bypassed it.
             logger.warning("meridian: thinking control off for request %s: %s", req_id, exc)
             return None
-        if not control.is_enabled():
+        if not self._config.thinking_stream_wanted(slo_class, control):
             return None
         forced = self._closing_token_ids(control.closing_text) + self._forced_end_ids
         stream = ThinkingStream(
@@ -252,11 +252,12 @@ class MeridianThinkingProcessor(LogitsProcessor):
             return logits
         self._absorb(self._collect())
         attainment = self._bus.attainment()
+        endings = self._bus.thinking_endings()
         rows: list[int] = []
         tags: list[Tag] = []
         for row, controlled in list(self._rows.items()):
             try:
-                if self._step_row(logits, row, controlled, attainment):
+                if self._step_row(logits, row, controlled, attainment, endings):
                     rows.append(row)
                     tags.append((controlled, len(controlled.output_token_ids)))
             except Exception:  # noqa: BLE001 - one request's fault must not take the engine down
@@ -270,11 +271,16 @@ class MeridianThinkingProcessor(LogitsProcessor):
             logger.exception("meridian: measuring thinking signals failed this step")
         return logits
 
-    def _step_row(self, logits: torch.Tensor, row: int, controlled: _Controlled, attainment: dict[str, float]) -> bool:
-        """Brings one request's stream up to date and masks its row if forcing; returns whether
-        its row is to be measured."""
+    def _step_row(self, logits: torch.Tensor, row: int, controlled: _Controlled, attainment: dict[str, float],
+                  endings: frozenset[str]) -> bool:
+        """Brings one request's stream up to date (ending its thinking when the scheduler says
+        so) and masks its row if forcing; returns whether its row is to be measured."""
         controlled.stream.set_ttfat_attainment(attainment.get(controlled.slo_class, float("nan")))
         self._consume_tokens(controlled)
+        if controlled.req_id in endings:
+            ended = controlled.stream.end_for_overload()
+            if ended is not None:
+                self._report_stop(controlled, ended)
         forced = controlled.stream.forced_token()
         if forced is not None and 0 <= forced < logits.shape[1]:
             logits[row].fill_(float("-inf"))

@@ -1,10 +1,11 @@
 //! [`Meridian`]'s account of the load it holds, for the operator's gauges and for a router: per
 //! SLO class how many requests wait, prefill, think and answer, the least slack before a TTFAT
-//! or TTFT deadline and the time left to the nearest TTFAT deadline; and the phase-weighted
-//! queue, the engine's expected remaining output in units of a fresh request's (and per class in
-//! tokens). Read-only: it
-//! changes no state, so publishing it can never change a plan. Invariant: internal EAT probes are
-//! never counted, and every figure is finite or absent (`None`), never a sentinel.
+//! or TTFT deadline, the time left to the nearest TTFAT deadline and the saturation (how far a
+//! new request would wait before its first token, in units of its TTFT target); and the
+//! phase-weighted queue, the engine's expected remaining output in units of a fresh request's
+//! (and per class in tokens). Read-only: it changes no state, so publishing it can never change
+//! a plan. Invariant: internal EAT probes are never counted, and every figure is finite or absent
+//! (`None`), never a sentinel.
 
 use super::{Hot, Meridian, ReqHandle};
 use crate::error::Result;
@@ -34,6 +35,40 @@ pub struct ClassLoad {
     /// expected output): the phase-weighted queue in tokens, for routers that read a gauge as
     /// an integer.
     pub expected_output_tokens: f64,
+    /// How long a request of the class arriving now would wait for its first token, in units
+    /// of the class's TTFT target: the viable waiting requests it would queue behind (those of
+    /// its rank or better) over the rate at which requests have been starting. 1 or more: a new
+    /// one would miss its TTFT target — a router should send it elsewhere, and under `shed`
+    /// Meridian would end it. 0 when nothing waits ahead. At most [`MAX_SATURATION`].
+    pub saturation: f64,
+}
+
+/// The saturation gauge's ceiling (a queue that does not drain at all).
+pub const MAX_SATURATION: f64 = 100.0;
+
+/// Requests per second of one kind of event, decayed exponentially with a time constant of
+/// [`RATE_TIME_CONSTANT_MS`]: each event adds `1/τ`, and the sum decays by `e^(−Δt/τ)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RateMeter {
+    per_ms: f64,
+    last_ms: f64,
+}
+
+/// The rate meter's time constant: long enough to span a few admissions under heavy load,
+/// short enough to follow a burst within seconds.
+pub const RATE_TIME_CONSTANT_MS: f64 = 10_000.0;
+
+impl RateMeter {
+    pub(crate) fn record(&mut self, now_ms: f64) {
+        self.per_ms = self.at(now_ms) + 1.0 / RATE_TIME_CONSTANT_MS;
+        self.last_ms = self.last_ms.max(now_ms);
+    }
+
+    /// Events per ms at `now_ms`.
+    pub(crate) fn at(&self, now_ms: f64) -> f64 {
+        let elapsed_ms = (now_ms - self.last_ms).max(0.0);
+        self.per_ms * (-elapsed_ms / RATE_TIME_CONSTANT_MS).exp()
+    }
 }
 
 /// The engine's load as one plan sees it.
@@ -63,6 +98,8 @@ impl Meridian {
             classes: vec![ClassLoad::default(); self.class_table.len()],
             phase_weighted_queue: 0.0,
         };
+        // Viable waiting requests by rank: who a new request of each class would queue behind.
+        let mut waiting_by_rank = [0u32; 256];
         for (&h, is_waiting) in running.iter().map(|h| (h, false)).chain(waiting.iter().map(|h| (h, true))) {
             if self.is_probe(h) {
                 continue;
@@ -73,6 +110,17 @@ impl Meridian {
             let (remaining_tokens, fresh_tokens) = self.expected_output(&r);
             class.expected_output_tokens += remaining_tokens;
             load.phase_weighted_queue += remaining_tokens / fresh_tokens.max(1.0);
+            let targets = self.targets(r.class);
+            if is_waiting && !r.shed && self.lateness(now_ms, &r, &targets, step_ms, true).is_none() {
+                waiting_by_rank[usize::from(self.class_table[r.class.index()].1)] += 1;
+            }
+        }
+        // At least one start per time constant: a queue that has not moved yet still drains.
+        let starts_per_ms = self.start_rate.at(now_ms).max(1.0 / RATE_TIME_CONSTANT_MS);
+        for (class, &(targets, rank)) in load.classes.iter_mut().zip(&self.class_table) {
+            let ahead: u32 = waiting_by_rank[..=usize::from(rank)].iter().sum();
+            let wait_ms = f64::from(ahead) / starts_per_ms;
+            class.saturation = (wait_ms / targets.ttft_ms).min(MAX_SATURATION);
         }
         Ok(load)
     }
@@ -119,6 +167,7 @@ impl Meridian {
 mod tests {
     use proptest::prelude::*;
 
+    use super::ClassLoad;
     use crate::scheduler::tiers::tests::core;
     use crate::{Meridian, NewRequest, ReqHandle};
 
@@ -158,7 +207,34 @@ mod tests {
             (class.num_waiting, class.num_prefilling, class.num_thinking, class.num_answering),
             (1, 1, 1, 1)
         );
-        assert!(load.classes.iter().enumerate().all(|(i, c)| i == STANDARD || *c == Default::default()));
+        let others_empty = load
+            .classes
+            .iter()
+            .enumerate()
+            .all(|(i, c)| i == STANDARD || ClassLoad { saturation: 0.0, ..*c } == ClassLoad::default());
+        assert!(others_empty, "{:?}", load.classes);
+    }
+
+    #[test]
+    fn saturation_is_the_wait_behind_viable_requests_of_equal_or_better_rank_in_ttft_targets() {
+        // Default classes: interactive (rank 0, TTFT 1 s), standard (1, 3 s), batch (2, 60 s).
+        let mut core = core("{}");
+        assert!(core.engine_load(0.0, &[], &[]).unwrap().classes.iter().all(|c| c.saturation == 0.0));
+        // Ten requests started within the last moment: a rate of ~10 per 10 s time constant, ~1/s.
+        for i in 0..10 {
+            let h = add(&mut core, &format!("s{i}"), 0.0);
+            core.on_tokens(1_000.0, h, &[WORD]).unwrap();
+        }
+        let waiting: Vec<_> = (0..6).map(|i| add(&mut core, &format!("w{i}"), 1_000.0)).collect();
+        let load = core.engine_load(1_000.0, &[], &waiting).unwrap();
+        let [interactive, standard, batch] = [0, 1, 2].map(|i| load.classes[i].saturation);
+        assert_eq!(interactive, 0.0, "nothing of its rank or better waits");
+        // Six standard requests ahead at ~1 start per second: ~6 s, twice the 3 s target.
+        assert!((standard - 2.0).abs() < 0.05, "{standard}");
+        assert!((batch - 0.1).abs() < 0.01, "the same 6 s in batch's 60 s target: {batch}");
+        // A queue that does not move saturates toward the ceiling, never past it.
+        let later = core.engine_load(1_000_000.0, &[], &waiting).unwrap();
+        assert!(later.classes.iter().all(|c| c.saturation <= super::MAX_SATURATION));
     }
 
     #[test]

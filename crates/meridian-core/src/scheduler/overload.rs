@@ -5,15 +5,26 @@
 //! has thought, [`crate::predictor::Quantile::Viable`]) and, before its first token, its prefill
 //! fits before the TTFT deadline. A late request of a `shed` class is ended early: the plan lists
 //! it with the target it can no longer meet ([`Shed`]), the core marks it, and its finish is
-//! recorded as shed. Invariants: an answering request is never shed, nor an internal probe; a
-//! request is listed at most once (a shed one stays marked until vLLM finishes it); the reason
-//! names the first target the request would miss.
+//! recorded as shed. A thinking request of a `degrade` class has its reasoning ended when only
+//! the closing margin is left before its TTFAT deadline (the thinking is capped to what fits),
+//! once a worker that can end it is attached. Invariants: an answering request is never shed,
+//! nor an internal probe; a request is listed at most once (a shed one stays marked until vLLM
+//! finishes it; an ended thinking is ended once); the reason names the first target the request
+//! would miss.
 
 use super::{Hot, Meridian, ReqHandle};
 use crate::error::Result;
 use crate::phase::Phase;
 use crate::predictor::Quantile;
 use crate::slo::{OnOverload, SloTargets};
+
+/// Decode steps kept before a degraded request's TTFAT deadline for its closing sequence (the
+/// closing text and the end marker) and the step in flight.
+pub const DEGRADE_MARGIN_STEPS: f64 = 4.0;
+
+/// Decode steps between a plan and the first token of a request it leaves waiting, at the least
+/// (and between a plan that sheds it and its client's notice, at the most).
+pub const QUEUED_LEAD_STEPS: f64 = 3.0;
 
 /// The target a late request can no longer meet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,9 +50,21 @@ impl ShedReason {
 }
 
 /// What every shed request's message starts with (the stop reason its client sees): a client,
-/// a router or Meridian's middleware that finds it knows triage ended the request, and why
-/// (`meridian:shed:ttft: …`).
+/// a router or Meridian's middleware that finds it knows triage ended the request, why, and when
+/// to try again: `meridian:shed:<reason>:<retry after, s>: <sentence>` ([`parse_shed_notice`]).
 pub const SHED_MARKER: &str = "meridian:shed";
+
+/// The reason and the retry-after seconds of a shed request's message, or `None` when the text
+/// is not one ([`ShedNotice::message`]).
+pub fn parse_shed_notice(text: &str) -> Option<(ShedReason, u32)> {
+    let rest = text.strip_prefix(SHED_MARKER)?.strip_prefix(':')?;
+    let mut fields = rest.splitn(3, ':');
+    let reason = fields.next()?;
+    let retry_after_s = fields.next()?.parse().ok()?;
+    fields.next()?;
+    let reason = ShedReason::ALL.into_iter().find(|r| r.name() == reason)?;
+    Some((reason, retry_after_s))
+}
 
 /// What the client of a shed request is told.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,15 +96,16 @@ impl Meridian {
             ShedReason::Ttft => ("TTFT", class.targets.ttft_ms),
             ShedReason::Ttfat => ("TTFAT", class.targets.ttfat_ms),
         };
+        let retry_after_s = (class.targets.ttft_ms / 1000.0).ceil().clamp(1.0, f64::from(u32::MAX)) as u32;
         Ok(ShedNotice {
             message: format!(
-                "{SHED_MARKER}:{}: request `{}` of class `{}` cannot meet its {target} target of {target_ms} ms \
-                 under the current load; retry later or on another instance",
+                "{SHED_MARKER}:{}:{retry_after_s}: request `{}` of class `{}` cannot meet its {target} target of \
+                 {target_ms} ms under the current load; retry in {retry_after_s} s or on another instance",
                 reason.name(),
                 r.req_id,
                 class.name
             ),
-            retry_after_s: (class.targets.ttft_ms / 1000.0).ceil().clamp(1.0, f64::from(u32::MAX)) as u32,
+            retry_after_s,
         })
     }
 
@@ -103,11 +127,15 @@ impl Meridian {
         }
         let mut time_left_ms = r.arrival_ms + targets.ttfat_ms - now_ms;
         if !r.has_started {
-            let prefill_ms = if queued { self.prefill_ms(r.num_tokens) } else { 0.0 };
-            if now_ms + prefill_ms > r.arrival_ms + targets.ttft_ms {
+            // A queued request starts a step or more from now, and its client learns a shed a step
+            // or two after the plan (the step in flight, then the output): judged that far ahead,
+            // a request shed for its TTFT is told before its deadline.
+            let to_first_token_ms =
+                if queued { self.prefill_ms(r.num_tokens) + QUEUED_LEAD_STEPS * step_ms } else { 0.0 };
+            if now_ms + to_first_token_ms > r.arrival_ms + targets.ttft_ms {
                 return Some(ShedReason::Ttft);
             }
-            time_left_ms -= prefill_ms;
+            time_left_ms -= to_first_token_ms;
         }
         // The thinking it needs with the configured probability, and the end marker.
         let needed_tokens = if !r.is_reasoning || r.phase == Phase::Answer {
@@ -170,6 +198,44 @@ impl Meridian {
         out
     }
 
+    /// A worker that can end a request's thinking is attached (the logits processor; the replay's
+    /// scripted model): from now on plans end the thinking of `degrade` classes' requests in
+    /// time. Without one, their late requests queue as under `queue`.
+    pub fn set_thinking_worker(&mut self, attached: bool) {
+        self.degrades = attached && self.class_triage.contains(&OnOverload::Degrade);
+    }
+
+    /// The thinking requests of `degrade` classes whose reasoning must end now for the answer to
+    /// start by the TTFAT deadline: the time left is within [`DEGRADE_MARGIN_STEPS`] decode
+    /// steps and `overload.degrade_margin_ms`. Indices into `running`, ascending; marks each.
+    pub(super) fn degrade(&mut self, now_ms: f64, running: &[ReqHandle], step_ms: f64) -> Vec<u32> {
+        if !self.degrades {
+            return Vec::new();
+        }
+        let margin_ms = DEGRADE_MARGIN_STEPS * step_ms + self.config.overload.degrade_margin_ms;
+        let mut out = Vec::new();
+        for (i, &h) in running.iter().enumerate() {
+            let r = self.hot(h);
+            let due = r.phase == Phase::Think
+                && !r.thinking_ended
+                && !r.shed
+                && self.class_triage[r.class.index()] == OnOverload::Degrade
+                && r.arrival_ms + self.targets(r.class).ttfat_ms - now_ms <= margin_ms;
+            if due {
+                out.push(i as u32);
+            }
+        }
+        for &i in &out {
+            let h = running[i as usize];
+            if let Some(r) = self.slots[h.slot()].request.as_mut() {
+                r.thinking_ended = true;
+                self.class_counters[r.class.index()].num_degraded += 1;
+            }
+            self.refresh_hot(h);
+        }
+        out
+    }
+
     /// Seats and KV blocks the plan's shed running requests give back.
     pub(super) fn freed_by_shed(&self, running: &[ReqHandle], shed: &[Shed]) -> (usize, u32) {
         let block_size = u64::from(self.limits.block_size);
@@ -185,6 +251,7 @@ impl Meridian {
 
 #[cfg(test)]
 mod tests {
+    use super::parse_shed_notice;
     use crate::scheduler::tiers::tests::core;
     use crate::{Meridian, NewRequest, OnOverload, ReqHandle, ShedReason, SHED_MARKER};
 
@@ -223,11 +290,12 @@ mod tests {
     #[test]
     fn a_waiting_request_whose_prefill_ends_past_its_ttft_deadline_is_shed_for_ttft() {
         let mut core = engine("shed");
-        // 101 prompt tokens: 101 ms of prefill. At 850 ms it ends at 951 (in time); at 950 at
-        // 1,051, past the 1 s target.
+        // 101 prompt tokens: a 111 ms prefill step (10 ms and 1 ms a token), after three 10 ms
+        // steps at the least. At 850 ms the first token could come at 991 (in time); at 870 only
+        // at 1,011, past the 1 s target.
         let a = add(&mut core, "a", 0.0, 100);
         assert!(core.plan_step(850.0, &[], &[a], 1000).unwrap().shed.is_empty());
-        let plan = core.plan_step(950.0, &[], &[a], 1000).unwrap();
+        let plan = core.plan_step(870.0, &[], &[a], 1000).unwrap();
         assert_eq!(plan.shed.len(), 1);
         let shed = plan.shed[0];
         assert_eq!((shed.running, shed.index, shed.reason), (false, 0, ShedReason::Ttft));
@@ -281,15 +349,51 @@ mod tests {
     }
 
     #[test]
+    fn degrade_ends_the_thinking_when_only_the_margin_is_left_and_only_with_a_worker() {
+        // TTFAT 10 s, 10 ms steps: the margin is 4 steps and 500 ms, so the thinking ends at
+        // 10,000 - 540 = 9,460 ms.
+        for worker in [false, true] {
+            let mut core = engine("degrade");
+            core.set_thinking_worker(worker);
+            let thinker = add(&mut core, "thinker", 0.0, 10);
+            let answerer = add(&mut core, "answerer", 0.0, 10);
+            core.on_tokens(100.0, thinker, &[WORD; 50]).unwrap();
+            core.on_tokens(100.0, answerer, &[WORD, END, WORD]).unwrap();
+            let running = [answerer, thinker];
+            assert!(core.plan_step(9_400.0, &running, &[], 1000).unwrap().end_thinking.is_empty());
+            let plan = core.plan_step(9_470.0, &running, &[], 1000).unwrap();
+            let expected: &[u32] = if worker { &[1] } else { &[] };
+            assert_eq!(plan.end_thinking, expected, "worker {worker}");
+            assert!(plan.shed.is_empty(), "degrade never sheds");
+            // Once per request.
+            assert!(core.plan_step(9_480.0, &running, &[], 1000).unwrap().end_thinking.is_empty());
+            assert_eq!(core.class_counters()[0].num_degraded, u64::from(worker));
+            assert_eq!(core.stats().num_degraded, u64::from(worker));
+        }
+    }
+
+    #[test]
     fn the_notice_names_the_marker_the_reason_the_class_and_the_target() {
         let mut core = engine("shed");
         let a = add(&mut core, "req-7", 0.0, 100);
         let notice = core.shed_notice(a, ShedReason::Ttfat).unwrap();
-        assert!(notice.message.starts_with(&format!("{SHED_MARKER}:ttfat:")), "{}", notice.message);
+        assert!(notice.message.starts_with(&format!("{SHED_MARKER}:ttfat:1: ")), "{}", notice.message);
         for part in ["`req-7`", "`c`", "TTFAT", "10000 ms"] {
             assert!(notice.message.contains(part), "{part} in {}", notice.message);
         }
         assert_eq!(notice.retry_after_s, 1, "the class's TTFT target, 1 s");
+        assert_eq!(parse_shed_notice(&notice.message), Some((ShedReason::Ttfat, 1)));
+        for other in [
+            "",
+            "meridian:shed",
+            "meridian:shed:ttfat:1",
+            "meridian:shed:gold:1: x",
+            "meridian:shed:ttft:x: y",
+            "stop",
+            "xmeridian:shed:ttft:1: y",
+        ] {
+            assert_eq!(parse_shed_notice(other), None, "{other:?}");
+        }
     }
 
     #[test]
@@ -318,7 +422,10 @@ mod tests {
         // Both safely inside their targets: arrival order, whatever the class.
         assert_eq!(engine.plan_step(200.0, &[], &[interactive, batch], 1000).unwrap().waiting_order, [1, 0]);
         // Past half its 2 s TTFT target the interactive request goes ahead.
-        assert_eq!(engine.plan_step(1_200.0, &[], &[interactive, batch], 1000).unwrap().waiting_order, [0, 1]);
+        assert_eq!(
+            engine.plan_step(1_200.0, &[], &[interactive, batch], 1000).unwrap().waiting_order,
+            [0, 1]
+        );
         // With the rule off, class rank orders them from the start.
         let mut ranked = core(&config.replacen('{', r#"{"overload": {"fcfs_slack_ttft_factor": 0}, "#, 1));
         let batch = new(&mut ranked, "batch", 0.0, "batch");
@@ -335,7 +442,9 @@ mod tests {
             "overload": {"fcfs_slack_ttft_factor": 0}, "classes": {"c": {"ttft_ms": 100000,
             "ttfat_ms": 1000000, "answer_tpot_ms": 50, "rank": 0}}}"#;
         for (guard, expected) in [(true, 35), (false, 60)] {
-            let mut core = core(&config.replace("\"overload\": {", &format!("\"overload\": {{\"tpot_guard\": {guard}, ")));
+            let mut core = core(
+                &config.replace("\"overload\": {", &format!("\"overload\": {{\"tpot_guard\": {guard}, ")),
+            );
             let waiting: Vec<_> = (0..60).map(|i| add(&mut core, &format!("w{i}"), 0.0, 4)).collect();
             let plan = core.plan_step(1.0, &[], &waiting, 100_000).unwrap();
             assert_eq!(plan.num_admissible, expected, "guard {guard}");

@@ -437,6 +437,8 @@ proptest! {
         // Default targets, or targets tight enough (milliseconds) that requests turn late within
         // the stream, with one class of each triage mode.
         let mut core = if triage == 0 { engine() } else { engine_with(Config::from_json(TIGHT_TRIAGE).unwrap()) };
+        core.set_thinking_worker(true);
+        let mut ended = HashSet::new();
         let mut running: Vec<ReqHandle> = Vec::new();
         let mut waiting: Vec<ReqHandle> = Vec::new();
         let mut phases: HashMap<ReqHandle, Phase> = HashMap::new();
@@ -501,6 +503,12 @@ proptest! {
                         let tail = &order[order.len() - plan.shed.iter().filter(|o| o.running == s.running).count()..];
                         prop_assert!(tail.contains(&s.index), "a shed request is not last in its order");
                         shed.push((h, s.reason));
+                    }
+                    // Ended thinking: running thinkers of the degrade class, each once.
+                    for &i in &plan.end_thinking {
+                        let h = running[i as usize];
+                        prop_assert_eq!(core.phase(h).unwrap(), Phase::Think);
+                        prop_assert!(ended.insert(h), "a thinking ended twice");
                     }
                     running = plan.running_order.iter().map(|&i| running[i as usize]).collect();
                     waiting = plan.waiting_order.iter().map(|&i| waiting[i as usize]).collect();

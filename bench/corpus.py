@@ -1,0 +1,91 @@
+"""The scenario corpus (issue 23): every policy over many workloads built from the shared public
+traces, at three loads each, with the geometric mean and the worst scenario per load and,
+optionally, each policy's capacity (DistServe's goodput: the highest rate at which 80 % of the
+requests meet every target). See ``meridian.replay.corpus`` for how scenarios are built.
+
+Results are cached under ``.cache/corpus/`` (keyed by everything that determines them, the core's
+build included), so a rerun only replays what changed; ``--no-cache`` replays everything. Virtual
+time: the numbers do not depend on this machine's speed.
+
+    .venv/bin/python bench/corpus.py [--per-family 6] [--seed 0] [--capacity]
+        [--variant shed='{"on_overload": "shed"}' ...] [--out bench/results/corpus_<date>]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+from meridian.replay.corpus import (  # noqa: E402
+    Corpus, columns, leave_one_family_out, make_corpus, plot, render, run_corpus,
+)
+from meridian.replay.report import write_json  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+#: The published baselines and the product (the ablations answer_first and pascal are left out:
+#: the corpus measures what an operator would choose between).
+DEFAULT_POLICIES = ("vllm-fcfs", "vllm-priority", "uniboost", "scorpio", "meridian")
+
+
+def variant(text: str) -> tuple[str, dict[str, object]]:
+    label, _, body = text.partition("=")
+    value = json.loads(body) if body else {}
+    if not label or not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected LABEL=JSON-object, got {text!r}")
+    return label, value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--per-family", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--families", nargs="+", default=None)
+    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
+    parser.add_argument("--variant", type=variant, action="append", default=[],
+                        help="a Meridian variant LABEL=JSON (its `meridian` keys; on_overload sets every class's)")
+    parser.add_argument("--capacity", action="store_true", help="also search each column's capacity")
+    parser.add_argument("--lofo", default=None,
+                        help="comma-separated column labels to pick a default from, leave-one-family-out")
+    parser.add_argument("--jobs", type=int, default=0)
+    parser.add_argument("--no-cache", action="store_true")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / f"corpus_{dt.date.today()}")
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    corpus = Corpus(cache_dir=REPO / ".cache", jobs=args.jobs, use_cache=not args.no_cache,
+                    progress=lambda line: print(f"[{time.monotonic() - started:7.0f} s] {line}", file=sys.stderr, flush=True))
+    families = args.families or None
+    scenarios = make_corpus(args.per_family, seed=args.seed, **({"families": families} if families else {}))
+    cols = columns([p.strip() for p in args.policies.split(",") if p.strip()], dict(args.variant))
+    report = run_corpus(corpus, scenarios, cols, capacity=args.capacity)
+    text = ["# Scenario corpus", "", f"{len(scenarios)} scenarios (seed {args.seed}):", ""]
+    text += [f"- `{s.name}`: {s.describe()}, {s.num_requests} requests" for s in scenarios]
+    text += ["", render(report)]
+    payload = report.to_json()
+    if args.lofo:
+        candidates = [c.strip() for c in args.lofo.split(",")]
+        rows = leave_one_family_out(report, candidates, default="meridian")
+        payload["leave_one_family_out"] = rows
+        text += ["### Leave one family out (FCFS-50 % point)", "",
+                 "| held out | picked on the others | its geo. mean there | on the held-out family | default there |",
+                 "|---|---|---|---|---|"]
+        text += [f"| {r['held_out']} | {r['picked']} | {r['picked_on_tuned']:.2f} | {r['picked_on_held_out']:.2f} | "
+                 f"{r['default_on_held_out']:.2f} |" for r in rows]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "report.md").write_text("\n".join(text) + "\n", encoding="utf-8")
+    write_json(args.out / "corpus.json", payload)
+    plot(report, args.out)
+    print("\n".join(text))
+    print(f"wrote {args.out} ({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
