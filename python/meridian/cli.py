@@ -124,6 +124,14 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     replay.add_argument("--report-dir", type=Path, default=None, help="write PNG plots and replay.json here")
     replay.add_argument("--no-progress", action="store_true", help="no progress bar")
     replay.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where vLLM's caches live")
+    replay.add_argument("--corpus", action="store_true",
+                        help="instead of one trace: the scenario corpus built from the shared public traces (many "
+                        "windows, ServeGen-shaped arrivals, class mixes and target sets, each at the loads where "
+                        "FCFS meets ~90/70/50 %% of requests), every --policies column, geometric mean and worst "
+                        "scenario per load; --report-dir gets report.md, corpus.json and a plot per load")
+    replay.add_argument("--corpus-per-family", type=int, default=6, help="corpus scenarios per trace family (default 6)")
+    replay.add_argument("--capacity", action="store_true",
+                        help="with --corpus: also search each policy's capacity (80 %% of requests meeting every target)")
     replay.set_defaults(handler=_replay)
 
 
@@ -149,6 +157,14 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    if args.corpus:
+        from meridian.replay.corpus import corpus_command
+
+        return corpus_command(
+            per_family=args.corpus_per_family, seed=args.seed, policies=args.policies, config=args.config,
+            capacity=args.capacity, jobs=args.jobs, cache_dir=args.cache_dir, report_dir=args.report_dir,
+            progress=not args.no_progress,
+        )
     from meridian.replay.runner import replay_command
 
     return replay_command(

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from meridian._core import Config, FinishedRequest, Meridian
+from meridian._core import SHED_MARKER, Config, FinishedRequest, Meridian
 from meridian.offline.tiny import EOS, TOOL_CALL
 from meridian.vllm.names import CONFIG_KEY
 
@@ -620,7 +620,7 @@ class OfflineEngine:
                 entry = self._live.get(out.request_id)
                 if entry is None:
                     continue
-                if out.new_token_ids:
+                if out.new_token_ids and not _is_shed(out):
                     timeline = entry[1]
                     timeline.token_times_ms.extend([self.now_ms] * len(out.new_token_ids))
                     if self.keep_output_tokens:
@@ -723,6 +723,13 @@ class OfflineEngine:
         timeline.stop_reason = stop_reason
         timeline.report = self.observer.finish(self.now_ms, handle, reason, [])
         self.progress(1)
+
+
+def _is_shed(output: Any) -> bool:
+    """A shed request's final output: its token (an end-of-sequence that vLLM's stream needs to
+    deliver the finish) is no output of the model, so it is not counted as one."""
+    stop = output.stop_reason
+    return output.finish_reason is not None and isinstance(stop, str) and stop.startswith(SHED_MARKER)
 
 
 def _observer(scheduler: Any, config: Config) -> Meridian:

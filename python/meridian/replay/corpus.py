@@ -754,3 +754,41 @@ def plot(report: CorpusReport, out_dir: Path) -> list[Path]:
         plt.close(fig)
         written.append(path)
     return written
+
+
+def corpus_command(*, per_family: int, seed: int, policies: str, config: str | None, capacity: bool, jobs: int,
+                   cache_dir: Path, report_dir: Path | None, progress: bool) -> int:
+    """``meridian replay --corpus``: every policy over the corpus; prints the report, writes it
+    (and ``corpus.json`` and the plots) to ``report_dir``. ``config`` (JSON or ``@file``, the
+    ``meridian`` keys other than the classes, which each scenario's target set gives) runs
+    Meridian as ``meridian[config]`` beside its defaults."""
+    import sys
+    import time
+
+    from meridian.replay.report import write_json
+    from meridian.replay.runner import load_config_arg
+
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        if progress:
+            print(f"[{time.monotonic() - started:7.0f} s] {line}", file=sys.stderr, flush=True)
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    variants = {}
+    if config:
+        overrides = load_config_arg(config)
+        overrides.pop("classes", None)
+        variants["config"] = overrides
+    corpus = Corpus(cache_dir=cache_dir, jobs=jobs, progress=say)
+    scenarios = make_corpus(per_family, seed=seed)
+    report = run_corpus(corpus, scenarios, columns(names, variants), capacity=capacity)
+    text = render(report)
+    print(text)
+    if report_dir is not None:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "report.md").write_text(text + "\n", encoding="utf-8")
+        write_json(report_dir / "corpus.json", report.to_json())
+        for path in plot(report, report_dir):
+            print(f"wrote {path}")
+    return 0

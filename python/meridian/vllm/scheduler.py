@@ -64,6 +64,15 @@ def _handles(requests: Iterable[Request]) -> list[int]:
     return [h for r in requests if (h := getattr(r, HANDLE_ATTR, None)) is not None]
 
 
+def _closing_tokens(request: Request) -> list[int]:
+    """The tokens a shed request's final output carries: none once it has streamed output, else its
+    end-of-sequence token — vLLM's OpenAI stream drops a final chunk that carries no token at all
+    (it takes it for a prompt chunk's), which would end the stream without the finish reason and
+    the notice; the end-of-sequence token decodes to no text."""
+    eos = request.sampling_params.eos_token_id if request.sampling_params is not None else None
+    return [eos] if eos is not None and not request.output_token_ids else []
+
+
 def _wall_clock_ms() -> float:
     # vLLM stamps `Request.arrival_time` with time.time() in the frontend; the same clock keeps
     # TTFT honest about frontend queueing.
@@ -150,8 +159,8 @@ class MeridianScheduler(AsyncScheduler):
         #: KV blocks dropped from the prefix cache as never reusable.
         self.num_reasoning_blocks_evicted = 0
         #: Requests ended by the scheduler itself (rejected arguments, shed), with the finish
-        #: reason and stop reason their output carries, until the next output goes out.
-        self._ended: list[tuple[Request, FinishReason, str | None]] = []
+        #: reason, stop reason and tokens their output carries, until the next output goes out.
+        self._ended: list[tuple[Request, FinishReason, str | None, list[int]]] = []
         rank = self.vllm_config.parallel_config.data_parallel_index
         self._request_log = convert.open_log(config.request_log_path, "request_log_path", rank)
         self._step_log = convert.open_log(config.step_log_path, "step_log_path", rank)
@@ -366,7 +375,7 @@ class MeridianScheduler(AsyncScheduler):
         self.finish_requests([r.request_id for r, _ in shed], RequestStatus.FINISHED_ABORTED)
         for request, decision in shed:
             logger.info("meridian: %s", decision.message)
-            self._ended.append((request, FinishReason.ABORT, decision.message))
+            self._ended.append((request, FinishReason.ABORT, decision.message, _closing_tokens(request)))
 
     def _preempt_on_arrival(self, victims: list[Request], num_admissible: int) -> None:
         # vLLM's own preemption path (blocks freed, in-flight output marked stale, the id
@@ -537,12 +546,12 @@ class MeridianScheduler(AsyncScheduler):
     def _reject(self, request: Request, message: str) -> None:
         logger.warning("meridian: rejecting request %s: %s", request.request_id, message)
         request.status = RequestStatus.FINISHED_ERROR
-        self._ended.append((request, FinishReason.ERROR, None))
+        self._ended.append((request, FinishReason.ERROR, None, []))
 
     def _emit_ended(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         ended, self._ended = self._ended, []
-        for request, reason, stop_reason in ended:
-            final = EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason=reason,
+        for request, reason, stop_reason, token_ids in ended:
+            final = EngineCoreOutput(request_id=request.request_id, new_token_ids=token_ids, finish_reason=reason,
                                      stop_reason=stop_reason)
             batch = outputs.get(request.client_index)
             if batch is None:
