@@ -8,7 +8,7 @@ build included), so a rerun only replays what changed; ``--no-cache`` replays ev
 time: the numbers do not depend on this machine's speed.
 
     .venv/bin/python bench/corpus.py [--per-family 6] [--seed 0] [--capacity]
-        [--variant shed='{"on_overload": "shed"}' ...] [--out bench/results/corpus_<date>]
+        [--loads 0.5] [--variant queue='{"on_overload": "queue"}' ...] [--out bench/results/corpus_<date>]
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def main() -> int:
     parser.add_argument("--variant", type=variant, action="append", default=[],
                         help="a Meridian variant LABEL=JSON (its `meridian` keys; on_overload sets every class's)")
     parser.add_argument("--capacity", action="store_true", help="also search each column's capacity")
+    parser.add_argument("--loads", default=None,
+                        help="comma-separated load points to replay (FCFS's attainment there: 0.9, 0.7, 0.5; default all)")
     parser.add_argument("--lofo", default=None,
                         help="comma-separated column labels to pick a default from, leave-one-family-out")
     parser.add_argument("--jobs", type=int, default=0)
@@ -64,7 +66,8 @@ def main() -> int:
     families = args.families or None
     scenarios = make_corpus(args.per_family, seed=args.seed, **({"families": families} if families else {}))
     cols = columns([p.strip() for p in args.policies.split(",") if p.strip()], dict(args.variant))
-    report = run_corpus(corpus, scenarios, cols, capacity=args.capacity)
+    points = {"points": tuple(float(p) for p in args.loads.split(","))} if args.loads else {}
+    report = run_corpus(corpus, scenarios, cols, capacity=args.capacity, **points)
     text = ["# Scenario corpus", "", f"{len(scenarios)} scenarios (seed {args.seed}):", ""]
     text += [f"- `{s.name}`: {s.describe()}, {s.num_requests} requests" for s in scenarios]
     text += ["", render(report)]

@@ -18,7 +18,7 @@ from meridian.demo.loadgen import metric_sum
 from meridian.demo.server import VllmServer, stream_chat
 from meridian.offline.tiny import LETTERS, task_prompt
 
-from tiny_server import FIXTURE, server_args
+from tiny_server import FIXTURE, QUEUE_LATE, server_args
 
 pytestmark = pytest.mark.vllm
 
@@ -49,7 +49,7 @@ def settled_metric(base_url: str, name: str, timeout_s: float = 10.0) -> float:
 #: extra step a load takes, so the cost model's default (``auto``) would recompute them all
 #: (tests/offline/test_kv_tier.py checks that choice with stated costs).
 MERIDIAN_ARGS = ["--scheduler-cls", "meridian.vllm.MeridianScheduler",
-                 "--additional-config", json.dumps({"meridian": {"kv_tier": {"restore": "always"}}})]
+                 "--additional-config", json.dumps({"meridian": {"kv_tier": {"restore": "always"}, **QUEUE_LATE}})]
 
 
 @pytest.mark.parametrize("scheduler_args", [[], MERIDIAN_ARGS], ids=["vllm", "meridian"])

@@ -23,7 +23,7 @@ from meridian.offline.tiny import prompt_words
 from meridian.vllm.metrics import REQUEST_STATES
 from meridian.vllm.names import METRIC_NAMES
 
-from tiny_server import FIXTURE, MODEL, server_args
+from tiny_server import FIXTURE, MODEL, QUEUE_LATE, server_args
 
 pytestmark = pytest.mark.vllm
 
@@ -72,7 +72,9 @@ def settled(server: VllmServer, name: str, expected: float, timeout_s: float = 1
 @pytest.fixture(scope="module")
 def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     folder = tmp_path_factory.mktemp("metrics")
-    config = json.dumps({"meridian": {"request_log_path": str(folder / "requests.jsonl")}})
+    # Every request of the burst must finish (the counters are checked against them): late ones
+    # queue instead of being shed (tests/live/test_shed.py covers shedding).
+    config = json.dumps({"meridian": {"request_log_path": str(folder / "requests.jsonl"), **QUEUE_LATE}})
     with VllmServer(FIXTURE, SERVER_ARGS + ["--additional-config", config], log_path=folder / "serve.log",
                     cache_dir=cache_dir) as srv:
         srv.request_log = folder / "requests.jsonl"  # type: ignore[attr-defined]
@@ -151,7 +153,7 @@ def test_data_parallel_ranks_each_run_their_own_scheduler_and_label_their_series
     # vLLM's data parallelism runs on the CPU build; with it vLLM starts one API server per rank
     # and Prometheus' multiprocess mode: two API servers that must not add the engines' series up
     # twice.
-    config = json.dumps({"meridian": {"request_log_path": str(tmp_path / "requests.jsonl")}})
+    config = json.dumps({"meridian": {"request_log_path": str(tmp_path / "requests.jsonl"), **QUEUE_LATE}})
     args = SERVER_ARGS + ["--data-parallel-size", "2", "--additional-config", config]
     with VllmServer(FIXTURE, args, log_path=tmp_path / "serve.log", cache_dir=cache_dir) as srv:
         assert "Started 2 API server processes" in srv.log()

@@ -16,7 +16,7 @@ from meridian.demo.loadgen import metric_sum
 from meridian.demo.server import VllmServer, stream_chat
 from meridian.offline.tiny import LETTERS
 
-from tiny_server import FIXTURE, MODEL, server_args
+from tiny_server import FIXTURE, MODEL, QUEUE_LATE, server_args
 
 pytestmark = pytest.mark.vllm
 
@@ -35,8 +35,10 @@ def expected(n: int, m: int) -> tuple[list[str], list[str]]:
 @pytest.fixture(scope="module")
 def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     folder = tmp_path_factory.mktemp("live")
+    # Late requests queue instead of being shed: these tests count every request they send
+    # (tests/live/test_shed.py covers shedding).
     config = json.dumps({"meridian": {"request_log_path": str(folder / "requests.jsonl"),
-                                      "step_log_path": str(folder / "steps.jsonl")}})
+                                      "step_log_path": str(folder / "steps.jsonl"), **QUEUE_LATE}})
     with VllmServer(FIXTURE, SERVER_ARGS + ["--additional-config", config], log_path=folder / "serve.log",
                     cache_dir=cache_dir) as srv:
         srv.request_log = folder / "requests.jsonl"  # type: ignore[attr-defined]

@@ -16,6 +16,9 @@ KV_BYTES_PER_TOKEN = 1024
 #: A 320-token cache (10 blocks of 32) holds two or three requests (up to ~140 tokens each) at
 #: full length, so a burst of 12 must wait or be preempted.
 PRESSURED_KV_TOKENS = 320
+#: ``meridian`` keys for the tests that count every request they send: late requests queue
+#: instead of being shed (Meridian's default; tests/live/test_shed.py is about shedding).
+QUEUE_LATE = {"overload": {"on_overload": "queue"}}
 
 
 def server_args(*, kv_cache_tokens: int = PRESSURED_KV_TOKENS, max_num_seqs: int = 16,

@@ -46,6 +46,8 @@ CONFIG: dict[str, Any] = {
     },
     "default_class": "standard",
     "priority_map": {"0": "standard"},
+    # Every request is served: the trace is built to reach chunking, prefix hits and preemption.
+    "overload": {"on_overload": "queue"},
 }
 
 

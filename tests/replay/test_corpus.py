@@ -103,7 +103,10 @@ def report_of(goods: dict[tuple[str, str], int], families: dict[str, str]) -> C.
     scenarios = [C.Scenario(n, families[n], 0.0, "trace", 0.0, "servegen", "fixed:standard", "default",
                             "h200-qwen3-8b", 100, 0) for n in families]
     cols = C.columns(["scorpio"], {"a": {}, "b": {"aging_ms": 1.0}})
-    results = {(n, 0.5, label): {"good": g, "attainment": g / 100} for (n, label), g in goods.items()}
+    latency = {"p50": 1.0, "p99": 2.0}
+    per_class = {"standard": {"shed": 0, "ttft_ms": latency, "ttfat_ms": latency}}
+    results = {(n, 0.5, label): {"good": g, "attainment": g / 100, "shed": 0, "throughput_tok_s": 1.0,
+                                 "per_class": per_class} for (n, label), g in goods.items()}
     loads = {n: {0.5: (1.0, 0.5)} for n in families}
     return C.CorpusReport(scenarios, cols, loads, results)
 

@@ -195,6 +195,7 @@ def test_the_load_aware_budget_tightens_on_the_observed_attainment(tmp_path: Pat
         "default_class": "standard",
         "priority_map": {"0": "standard"},
         "thinking_control": {"load_aware": {"budget_tokens": 6, "min_budget_tokens": 2, "attainment_floor": 0.9}},
+        "overload": {"on_overload": "queue"},
     }
     profile = linear_profile()
     result = replay("meridian", [request("first", 0.0, think=9), request("later", 1_000.0, think=9)], profile,

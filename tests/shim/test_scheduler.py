@@ -148,12 +148,14 @@ def test_token_budget_cap_holds_while_answers_stream(tiny_model: Path) -> None:
     )
     result = OfflineEngine(scheduler, requests).run()
     # Every running decode gets its token; prompt chunks get what fits the target: while anyone
-    # answers, answer TPOT 2.0 ms × 0.9 headroom leaves (1.8 − 1.0) / 0.01 = 80 prompt tokens;
-    # without answering requests 2.5 × 1.8 ms leaves 350, capped by max_num_batched_tokens.
+    # answers, at least answer TPOT 2.0 ms × 0.9 headroom, (1.8 − 1.0) / 0.01 = 80 prompt tokens,
+    # and more only as far as every answer banked time below its mean-TPOT target (the steps here
+    # take 1 ms, so answers bank); without answering requests 2.5 × 1.8 ms leaves 350, capped by
+    # max_num_batched_tokens.
     budgets = result.token_budget_per_step
-    answering = [b for b in budgets if b < 256]
-    assert all(80 <= b <= 80 + max_num_seqs for b in answering), sorted(set(answering))
-    assert answering and 256 in budgets
+    assert min(budgets) >= 80, sorted(set(budgets))[:8]
+    assert any(80 + max_num_seqs < b < 256 for b in budgets), "banked answer time is spent on prompt chunks"
+    assert 256 in budgets
     for scheduled, budget in zip(result.scheduled_tokens_per_step, result.token_budget_per_step):
         assert scheduled <= budget
     assert max(result.scheduled_tokens_per_step) > 80 + max_num_seqs, "the relaxed budget is used when nobody answers"
@@ -298,6 +300,8 @@ def slo_class(ttft_ms: float, ttfat_ms: float, answer_tpot_ms: float, rank: int)
 ARRIVAL_CONFIG: dict[str, Any] = {
     "classes": {"interactive": slo_class(20, 300, 2, 0), "batch": slo_class(1000, 100_000, 50, 2)},
     "default_class": "batch", "priority_map": {"0": "batch"}, "step_time": SCENARIO_MERIDIAN_CONFIG["step_time"],
+    # A late request waits (the rule under test makes room for it), rather than being shed.
+    "overload": {"on_overload": "queue"},
 }
 
 

@@ -107,11 +107,12 @@ def test_the_bus_in_one_process(bus_dir: Path) -> None:
         assert scheduler.take_probes() == [("a", 7), ("b", 9)]
         assert scheduler.take_probes() == []
         assert scheduler.take_stops() == [("a", "eat", 31)]
-        scheduler.publish_attainment({"standard": 0.25})
+        scheduler.publish({"standard": 0.25}, frozenset({"a"}))
         assert worker.attainment() == {"standard": 0.25}
+        assert worker.thinking_endings() == frozenset({"a"})
     finally:
         scheduler.close()
-    assert not list(bus_dir.iterdir()), "close removes the socket and the attainment file"
+    assert not list(bus_dir.iterdir()), "close removes the socket and the state file"
 
 
 def _child_worker(results: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
@@ -120,7 +121,7 @@ def _child_worker(results: multiprocessing.Queue) -> None:  # type: ignore[type-
     worker = WorkerEndpoint()
     worker.request_probe("parent-req", 42)
     worker.report_stop("parent-req", "budget", 12)
-    results.put(worker.attainment())
+    results.put((worker.attainment(), worker.thinking_endings()))
 
 
 def test_the_bus_across_processes_finds_the_parent(bus_dir: Path) -> None:
@@ -128,7 +129,7 @@ def test_the_bus_across_processes_finds_the_parent(bus_dir: Path) -> None:
 
     scheduler = SchedulerEndpoint()
     try:
-        scheduler.publish_attainment({"interactive": 0.5})
+        scheduler.publish({"interactive": 0.5}, frozenset({"late-thinker"}))
         context = multiprocessing.get_context("fork")
         results = context.Queue()
         # A forked child is a separate process: it must not see the parent's in-memory endpoint.
@@ -136,7 +137,7 @@ def test_the_bus_across_processes_finds_the_parent(bus_dir: Path) -> None:
         child.start()
         child.join(30)
         assert child.exitcode == 0
-        assert results.get(timeout=5) == {"interactive": 0.5}
+        assert results.get(timeout=5) == ({"interactive": 0.5}, frozenset({"late-thinker"}))
         assert scheduler.take_probes() == [("parent-req", 42)]
         assert scheduler.take_stops() == [("parent-req", "budget", 12)]
         bad = os.path.join(str(bus_dir), f"meridian-{os.getpid()}.sock")

@@ -332,3 +332,28 @@ def test_a_request_without_a_resolved_class_is_left_alone(tiny_model: Path) -> N
     end = d.vocab["</think>"]
     assert end not in unstamped, "no class, no control"
     assert stamped[1] == end, "the class's budget of one token ends the stamped request's reasoning"
+
+
+def test_the_scheduler_ends_a_degrade_class_thinking_and_the_stop_is_reported(tiny_model: Path, bus_dir: Path) -> None:
+    from meridian.vllm.bus import SchedulerEndpoint
+
+    degrade = {"classes": {"standard": {"ttft_ms": 1000, "ttfat_ms": 10000, "answer_tpot_ms": 100, "rank": 0,
+                                        "on_overload": "degrade"}}, "default_class": "standard"}
+    scheduler = SchedulerEndpoint()  # in this process: the worker finds it in memory
+    try:
+        d = Driver(tiny_model, degrade)
+        # No rule is on, but the class degrades: its thinking is followed, and ends when told.
+        late = d.add(0, {"meridian_req_id": "late"})
+        other = d.add(1, {"meridian_req_id": "other"})
+        for _ in range(3):
+            before, after = d.step()
+            assert torch.equal(before, after)
+        scheduler.publish({}, frozenset({"late"}))
+        d.step()
+        end = d.vocab["</think>"]
+        assert late[-1] == end and other[-1] == d.vocab["so"]
+        assert scheduler.take_stops() == [("late", "overload", 3)]
+        d.step()
+        assert late.count(end) == 1, "ended once"
+    finally:
+        scheduler.close()

@@ -295,6 +295,7 @@ struct RawOverload {
     fcfs_slack_ttft_factor: Option<f64>,
     tpot_guard: Option<bool>,
     degrade_margin_ms: Option<f64>,
+    on_overload: Option<OnOverload>,
 }
 
 /// How the policy judges and triages work that does not fit (key `overload`). A request's
@@ -304,6 +305,9 @@ struct RawOverload {
 /// of it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Overload {
+    /// What becomes of the late requests of a class that names no `on_overload` of its own
+    /// (default `shed`).
+    pub on_overload: OnOverload,
     /// Below this probability of meeting its TTFT and TTFAT targets a request is late (default
     /// 0.1), in (0, 1).
     pub min_success_probability: f64,
@@ -328,6 +332,7 @@ pub struct Overload {
 impl Default for Overload {
     fn default() -> Self {
         Self {
+            on_overload: OnOverload::default(),
             min_success_probability: crate::predictor::DEFAULT_VIABLE_LEVEL,
             shed_running: true,
             fcfs_slack_ttft_factor: 0.5,
@@ -534,7 +539,8 @@ impl Config {
     }
 
     fn from_raw(raw: RawConfig) -> Result<Self> {
-        let (classes, class_thinking_control) = validate_classes(raw.classes)?;
+        let triage = raw.overload.as_ref().and_then(|o| o.on_overload).unwrap_or_default();
+        let (classes, class_thinking_control) = validate_classes(raw.classes, triage)?;
         let class_id = |key: &str, name: &str| -> Result<ClassId> {
             classes
                 .iter()
@@ -662,6 +668,7 @@ fn validate_overload(raw: RawOverload) -> Result<Overload> {
         ));
     }
     Ok(Overload {
+        on_overload: raw.on_overload.unwrap_or(defaults.on_overload),
         min_success_probability: probability,
         shed_running: raw.shed_running.unwrap_or(defaults.shed_running),
         fcfs_slack_ttft_factor: non_negative(
@@ -701,12 +708,12 @@ fn log_path(key: &str, path: Option<String>) -> Result<Option<String>> {
     }
 }
 
-fn default_classes() -> Vec<SloClass> {
+fn default_classes(triage: OnOverload) -> Vec<SloClass> {
     let class = |name: &str, rank, ttft_ms, ttfat_ms, answer_tpot_ms| SloClass {
         name: name.to_owned(),
         rank,
         targets: SloTargets { ttft_ms, ttfat_ms, answer_tpot_ms, e2e_ms: None },
-        on_overload: OnOverload::default(),
+        on_overload: triage,
     };
     vec![
         class("interactive", 0, 1_000.0, 15_000.0, 50.0),
@@ -731,9 +738,9 @@ fn default_priority_map(classes: &[SloClass]) -> Vec<(i64, ClassId)> {
 /// Validated classes, and each class's own thinking control (same order).
 type ValidatedClasses = (Vec<SloClass>, Vec<Option<ThinkingControl>>);
 
-fn validate_classes(raw: Option<BTreeMap<String, RawClass>>) -> Result<ValidatedClasses> {
+fn validate_classes(raw: Option<BTreeMap<String, RawClass>>, triage: OnOverload) -> Result<ValidatedClasses> {
     let Some(raw) = raw else {
-        let classes = default_classes();
+        let classes = default_classes(triage);
         let no_overrides = vec![None; classes.len()];
         return Ok((classes, no_overrides));
     };
@@ -762,7 +769,7 @@ fn validate_classes(raw: Option<BTreeMap<String, RawClass>>) -> Result<Validated
                 },
                 name,
                 rank: c.rank,
-                on_overload: c.on_overload.unwrap_or_default(),
+                on_overload: c.on_overload.unwrap_or(triage),
             };
             Ok((class, c.thinking_control))
         })
@@ -866,6 +873,32 @@ mod tests {
         assert!(msg.contains("`policy`") && msg.contains("fcfs") && msg.contains("`answer_first`"), "{msg}");
         let msg = Config::from_json(r#"{"policy": 3}"#).unwrap_err().to_string();
         assert!(msg.contains("`policy`"), "{msg}");
+    }
+
+    #[test]
+    fn classes_shed_by_default_and_overload_on_overload_sets_the_rest() {
+        let config = Config::default();
+        assert!(config.classes.iter().all(|c| c.on_overload == OnOverload::Shed));
+        let queued = Config::from_json(r#"{"overload": {"on_overload": "queue"}}"#).unwrap();
+        assert!(queued.classes.iter().all(|c| c.on_overload == OnOverload::Queue));
+        let mixed = Config::from_json(
+            r#"{"overload": {"on_overload": "degrade"}, "default_class": "a", "classes": {
+                "a": {"ttft_ms": 1, "ttfat_ms": 2, "answer_tpot_ms": 3, "rank": 0, "on_overload": "shed"},
+                "b": {"ttft_ms": 1, "ttfat_ms": 2, "answer_tpot_ms": 3, "rank": 1}}}"#,
+        )
+        .unwrap();
+        let modes: Vec<_> = mixed.classes.iter().map(|c| c.on_overload.name()).collect();
+        assert_eq!(modes, ["shed", "degrade"], "a class's own mode wins");
+        for (json, key) in [
+            (r#"{"overload": {"on_overload": "drop"}}"#, "overload.on_overload"),
+            (r#"{"overload": {"min_success_probability": 1.5}}"#, "overload.min_success_probability"),
+            (r#"{"overload": {"degrade_margin_ms": -1}}"#, "overload.degrade_margin_ms"),
+            (r#"{"overload": {"fcfs_slack_ttft_factor": "x"}}"#, "overload.fcfs_slack_ttft_factor"),
+            (r#"{"overload": {"spare": 1}}"#, "overload.spare"),
+        ] {
+            let err = Config::from_json(json).unwrap_err().to_string();
+            assert!(err.contains(&format!("`{key}`")), "{json}: {err}");
+        }
     }
 
     #[test]

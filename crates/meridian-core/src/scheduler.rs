@@ -431,6 +431,10 @@ pub struct Meridian {
     start_rate: load::RateMeter,
     /// Whether any class sheds (the plan skips the triage pass otherwise).
     any_shed_class: bool,
+    /// Per slot, this plan's judgement of each listed request ([`Self::judge`]): 0 viable, else
+    /// 1 + the [`ShedReason`] it would miss. The ordering keys and the triage read it, so a
+    /// request is judged once per plan.
+    judgements: Vec<u8>,
     /// Whether any class degrades and a worker can end thinking ([`Self::set_thinking_worker`]).
     degrades: bool,
     /// The KV tiers beyond the device and their load costs.
@@ -465,7 +469,13 @@ impl Meridian {
         let inv_aging_ms = 1.0 / config.aging_ms;
         let uniboost_ms_per_token = 1_000.0 / config.uniboost_gamma_tokens_per_s;
         let class_table: Vec<_> = config.classes.iter().map(|c| (c.targets, c.rank)).collect();
-        let class_triage: Vec<_> = config.classes.iter().map(|c| c.on_overload).collect();
+        // Triage is Meridian's: the ablations and the emulated baselines run as published, so a
+        // class's `on_overload` is read as `queue` under them.
+        let class_triage: Vec<_> = config
+            .classes
+            .iter()
+            .map(|c| if config.policy == Policy::Meridian { c.on_overload } else { OnOverload::Queue })
+            .collect();
         let kv_tiers = KvTiers::new(config.kv_tier);
         let viable_level = config.overload.min_success_probability;
         Ok(Self {
@@ -481,6 +491,7 @@ impl Meridian {
                 })
                 .collect(),
             any_shed_class: class_triage.contains(&OnOverload::Shed),
+            judgements: Vec::new(),
             degrades: false,
             last_decode_step_ms: 0.0,
             start_rate: load::RateMeter::default(),
@@ -663,7 +674,8 @@ impl Meridian {
         let load = self.running_load(now_ms, running);
         let decode_step_ms = self.step_model.predict_ms(load.decodes());
         self.last_decode_step_ms = decode_step_ms;
-        let shed = self.triage(now_ms, running, waiting, decode_step_ms);
+        let candidates = self.judge(now_ms, running, waiting, decode_step_ms);
+        let shed = self.triage(running, waiting, num_free_blocks, candidates);
         let end_thinking = self.degrade(now_ms, running, decode_step_ms);
         let running_order = self.order_running(now_ms, running, decode_step_ms);
         let waiting_order = self.order_waiting(now_ms, waiting, decode_step_ms);
@@ -974,7 +986,7 @@ impl Meridian {
             );
         }
         let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
-        let viable = self.lateness(now_ms, r, &targets, step_ms, false).is_none();
+        let viable = self.judged(handle).is_none();
         match (r.has_started, viable) {
             (true, true) => (1, sortable(slack_ms), sunk_key),
             (true, false) if now_ms - r.arrival_ms >= self.late_think_bound_ms(&targets) => {
@@ -1117,7 +1129,7 @@ impl Meridian {
             return (6, sortable(r.arrival_ms), 0);
         }
         let slack_ms = self.think_slack_ms(now_ms, r, &targets, step_ms);
-        if self.lateness(now_ms, r, &targets, step_ms, true).is_some() {
+        if self.judged(handle).is_some() {
             if waited_ms >= late_bound_ms {
                 return (6, sortable(r.arrival_ms), 0);
             }

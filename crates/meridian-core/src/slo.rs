@@ -42,11 +42,13 @@ pub struct SloTargets {
 pub enum OnOverload {
     /// It waits behind every request that can still make its targets, for a bounded time
     /// (`late_wait_ttft_factor`), then goes ahead of new requests: every request is served.
-    #[default]
     Queue,
     /// It is ended early with a clear error (HTTP 503 where the API allows it) as soon as it is
     /// judged unable to make its targets, so the client can retry elsewhere; an answering
-    /// request is never shed.
+    /// request is never shed. The default: on the scenario corpus it met every target for 1.6×
+    /// the requests FCFS did at FCFS's 50 % load, against 1.1× under `queue`, and won on every
+    /// trace family (`bench/results/`).
+    #[default]
     Shed,
     /// Its thinking is capped to what still fits before its TTFAT deadline (through thinking
     /// control); one that cannot make even its TTFT waits as under `queue`.

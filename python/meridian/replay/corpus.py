@@ -289,12 +289,15 @@ class Job:
     def key(self, core_build: str) -> str:
         runs_core = POLICIES[self.policy].meridian_policy is not None
         payload = {"scenario": asdict(self.scenario), "rate": round(self.rate, 9), "policy": self.policy,
-                   "config": self.config(), "core": core_build if runs_core else None, "v": RESULT_VERSION}
+                   "config": self.config(), "core": core_build if runs_core else None,
+                   "v": RESULT_VERSION if runs_core else STOCK_RESULT_VERSION}
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
-#: Bump when what a result holds (``_result``) or how a scenario is built changes.
-RESULT_VERSION = 1
+#: Bump when what a result holds (``_result``) or how a scenario is built changes: the second for
+#: results of stock vLLM (which never shed: a change to the shed fields leaves them as they were).
+RESULT_VERSION = 2
+STOCK_RESULT_VERSION = 1
 
 
 def _core_build() -> str:
@@ -312,6 +315,7 @@ def _result(summary: dict[str, Any]) -> dict[str, Any]:
         return {
             "submitted": s["submitted"], "good": s["good"], "completed": s["completed"], "attainment": s["attainment"],
             "shed": s.get("shed", 0),
+            "shed_notice_ms": s.get("shed_notice_ms"),
             "ttft_ms": {k: s["ttft_ms"][k] for k in ("p50", "p99")},
             "ttfat_ms": {k: s["ttfat_ms"][k] for k in ("p50", "p99")},
         }
@@ -320,7 +324,6 @@ def _result(summary: dict[str, Any]) -> dict[str, Any]:
     out.update(
         throughput_tok_s=summary["throughput_tok_s"], duration_s=summary["duration_s"], stalls=summary["stalls"],
         answer_preemptions=summary["preemptions"]["answer"], num_steps=summary["num_steps"],
-        shed_notice_ms=summary.get("shed_notice_ms"),
         per_class={name: tails(c) for name, c in summary["per_class"].items()},
     )
     return out
@@ -564,6 +567,8 @@ class CorpusReport:
     results: dict[tuple[str, float, str], dict[str, Any]]
     #: Scenario → column label → capacity (requests/s), when measured.
     capacity: dict[str, dict[str, float]] | None = None
+    #: The load points replayed (a subset of ``LOAD_POINTS``), lightest first.
+    points: tuple[float, ...] = LOAD_POINTS
 
     def ratio(self, scenario: str, point: float, label: str) -> float:
         """The column's requests meeting every target over FCFS's, same requests."""
@@ -592,22 +597,26 @@ class CorpusReport:
             "loads": {n: {str(p): {"rate": r, "fcfs_attainment": a} for p, (r, a) in pts.items()}
                       for n, pts in self.loads.items()},
             "results": [{"scenario": n, "load_point": p, "column": c, **r} for (n, p, c), r in self.results.items()],
-            "summary": {str(p): {c.label: self.summary(p, c.label) for c in self.columns} for p in LOAD_POINTS},
+            "summary": {str(p): {c.label: self.summary(p, c.label) for c in self.columns} for p in self.points},
             "capacity": self.capacity,
         }
 
 
 def run_corpus(corpus: Corpus, scenarios: Sequence[Scenario], cols: Sequence[Column], *,
-               capacity: bool = False) -> CorpusReport:
-    """Calibrates the loads, replays every column at each, and (``capacity``) searches each
-    column's capacity."""
+               capacity: bool = False, points: Sequence[float] = LOAD_POINTS) -> CorpusReport:
+    """Calibrates the loads, replays every column at each of ``points`` (of ``LOAD_POINTS``), and
+    (``capacity``) searches each column's capacity."""
+    unknown = [p for p in points if p not in LOAD_POINTS]
+    if unknown or not points:
+        raise TraceError(f"load points {list(points)!r}: each must be one of {list(LOAD_POINTS)}")
+    points = tuple(p for p in LOAD_POINTS if p in points)
     calibrations = calibrate(corpus, scenarios)
-    loads = {s.name: {p: found for p in LOAD_POINTS if (found := calibrations[s.name].point(p)) is not None}
+    loads = {s.name: {p: found for p in points if (found := calibrations[s.name].point(p)) is not None}
              for s in scenarios}
     jobs = [(s.name, p, c.label, c.job(s, loads[s.name][p][0]))
             for s in scenarios for p in loads[s.name] for c in cols]
     results = {(n, p, label): r for (n, p, label, _), r in zip(jobs, corpus.run([j for *_, j in jobs]))}
-    report = CorpusReport(list(scenarios), list(cols), loads, results)
+    report = CorpusReport(list(scenarios), list(cols), loads, results, points=points)
     if capacity:
         report.capacity = capacity_of(corpus, calibrations, cols)
     return report
@@ -663,12 +672,54 @@ def leave_one_family_out(report: CorpusReport, candidates: Sequence[str], defaul
     return rows
 
 
+def tails_worse(report: CorpusReport, point: float, label: str, stats: Sequence[str] = ("p99",)) -> list[str]:
+    """``scenario/class/metric/stat`` where the column's served requests' latency is above FCFS's
+    (TTFT and TTFAT; a class FCFS served none of is skipped)."""
+    out = []
+    for s in report.at(point):
+        base = report.results[(s.name, point, BASELINE)]["per_class"]
+        mine = report.results[(s.name, point, label)]["per_class"]
+        for cls, theirs in base.items():
+            for metric in ("ttft_ms", "ttfat_ms"):
+                for stat in stats:
+                    b, m = theirs[metric][stat], mine.get(cls, {}).get(metric, {}).get(stat)
+                    if b is not None and m is not None and m > b:
+                        out.append(f"{s.name}/{cls}/{metric.removesuffix('_ms')}/{stat}")
+    return out
+
+
+def tail_lines(report: CorpusReport) -> list[str]:
+    """Per load point and column: the served requests' per-class TTFT and TTFAT p99 against FCFS's
+    (and p50 at the lightest load, where no class's slack should be spent for another's), and the
+    throughput and the time a shed request's client waited for its notice."""
+    labels = [c.label for c in report.columns if c.label != BASELINE]
+    lines = ["### Tails, throughput and shed notices", "",
+             "| load | column | class tails above FCFS's (scenario/class/metric) | throughput × FCFS, geo. mean (min) "
+             "| shed | notice p99 ≤ TTFT target |", "|---|---|---|---|---|---|"]
+    for point in report.points:
+        stats = ("p50", "p99") if point == max(LOAD_POINTS) else ("p99",)
+        for label in labels:
+            worse = tails_worse(report, point, label, stats)
+            tput = [report.results[(s.name, point, label)]["throughput_tok_s"]
+                    / report.results[(s.name, point, BASELINE)]["throughput_tok_s"] for s in report.at(point)]
+            shed = sum(report.results[(s.name, point, label)]["shed"] for s in report.at(point))
+            late = [s.name for s in report.at(point) for cls, c in report.results[(s.name, point, label)]["per_class"].items()
+                    if c["shed"] and (c.get("shed_notice_ms") or {}).get("p99") is not None
+                    and c["shed_notice_ms"]["p99"] > TARGET_SETS[s.targets][cls]["ttft_ms"]]
+            shown = ", ".join(worse[:4]) + (f" … ({len(worse)} in all)" if len(worse) > 4 else "")
+            lines.append(f"| {point:.0%} | {label} | {len(worse)} ({' and '.join(stats)}){': ' + shown if worse else ''} "
+                         f"| {geometric_mean(tput):.3f} ({min(tput, default=math.nan):.3f}) | {shed} | "
+                         f"{'yes' if not late else 'no: ' + ', '.join(sorted(set(late)))} |")
+    lines.append("")
+    return lines
+
+
 def render(report: CorpusReport) -> str:
     """Markdown: per load point, a row per scenario (FCFS's attainment, each column's ratio), the
     geometric mean and the worst; per family; capacity when measured."""
     labels = [c.label for c in report.columns]
     lines = []
-    for point in LOAD_POINTS:
+    for point in report.points:
         lines += [f"### Load where FCFS meets ~{point:.0%} of requests", "",
                   "| scenario | rate (req/s) | FCFS met | " + " | ".join(l for l in labels if l != BASELINE) + " |",
                   "|---|---|---|" + "---|" * (len(labels) - 1)]
@@ -687,6 +738,7 @@ def render(report: CorpusReport) -> str:
         worst = [report.summary(point, l) for l in labels if l != BASELINE]
         lines.append("| **worst** | | | " + " | ".join(f"{w['worst']:.2f} ({w['worst_scenario']})" for w in worst) + " |")
         lines.append("")
+    lines += tail_lines(report)
     if report.capacity:
         lines += ["### Capacity (highest rate with ≥ 80 % of requests meeting every target), × FCFS", "",
                   "| scenario | FCFS (req/s) | " + " | ".join(l for l in labels if l != BASELINE) + " |",
@@ -722,7 +774,7 @@ def plot(report: CorpusReport, out_dir: Path) -> list[Path]:
         (f"load_{round(p * 100)}", f"requests meeting every target, × FCFS (FCFS ≈ {p:.0%})",
          lambda s, l, p=p: report.ratio(s.name, p, l) if p in report.loads[s.name] else math.nan,
          lambda l, p=p: report.summary(p, l)["geomean"])
-        for p in LOAD_POINTS]
+        for p in report.points]
     if report.capacity:
         cap = report.capacity
 

@@ -177,6 +177,13 @@ def table(summaries: Sequence[dict[str, Any]], baseline: str | None = "vllm-fcfs
             + ", ".join(f"{s['policy']} {s['kv_tier']['restored_resumes']} of {sum(s['preemptions'].values())} "
                         f"preempted requests restored ({s['kv_tier']['loaded_tokens']:,} tokens loaded)" for s in tiered)
         )
+    shed = [s for s in summaries if s.get("shed")]
+    if shed:
+        lines.append(
+            "shed (ended early with a notice, counted as missed): "
+            + ", ".join(f"{s['policy']} {s['shed']} of {s['submitted']} requests, notice p50 "
+                        f"{_fmt((s.get('shed_notice_ms') or {}).get('p50'), 1000)} s" for s in shed)
+        )
     stopped = [s for s in summaries if s.get("thinking_stops")]
     if stopped:
         lines.append(

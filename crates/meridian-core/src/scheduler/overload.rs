@@ -76,6 +76,18 @@ pub struct ShedNotice {
     pub retry_after_s: u32,
 }
 
+/// The late requests of `shed` classes one plan found ([`Meridian::judge`]): those that have not
+/// started, those that have (running, or preempted), and the waiting requests not shed: how
+/// many, and the KV blocks they need.
+#[derive(Debug, Default)]
+pub(super) struct ShedCandidates {
+    fresh: Vec<Shed>,
+    started: Vec<Shed>,
+    num_waiting: usize,
+    /// KV blocks the not-shed waiting requests need to start.
+    waiting_blocks: u64,
+}
+
 /// One request the plan ends early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shed {
@@ -148,39 +160,83 @@ impl Meridian {
         ((needed_tokens + 1.0) * step_ms > time_left_ms).then_some(ShedReason::Ttfat)
     }
 
-    /// The requests to end early this step: late ones of `shed` classes — waiting ones that have
-    /// not started, and (with `overload.shed_running`) running or preempted ones that have not
-    /// started answering. Marks each, so it is listed once and its finish counts as shed.
-    pub(super) fn triage(
+    /// Judges every listed request once for this plan ([`Self::lateness`]; running ones by their
+    /// deadlines, waiting ones with their prompt still to compute), and gathers the late ones of
+    /// `shed` classes as candidates for [`Self::triage`], in the same pass.
+    pub(super) fn judge(
         &mut self,
         now_ms: f64,
         running: &[ReqHandle],
         waiting: &[ReqHandle],
         step_ms: f64,
-    ) -> Vec<Shed> {
-        if !self.any_shed_class {
-            return Vec::new();
-        }
-        let shed_running = self.config.overload.shed_running;
-        let mut out = Vec::new();
-        for (is_running, list) in [(true, running), (false, waiting)] {
+    ) -> ShedCandidates {
+        let mut judgements = std::mem::take(&mut self.judgements);
+        judgements.resize(self.slots.len(), 0);
+        let mut candidates = ShedCandidates::default();
+        for (in_running, list) in [(true, running), (false, waiting)] {
             for (i, &h) in list.iter().enumerate() {
                 let r = self.hot(h);
-                let started = r.has_started || is_running;
-                let eligible = !r.shed
+                let late = self.lateness(now_ms, r, &self.targets(r.class), step_ms, !in_running);
+                judgements[h.slot()] = late.map_or(0, |reason| reason as u8 + 1);
+                if !in_running && !r.shed {
+                    candidates.num_waiting += 1;
+                    candidates.waiting_blocks +=
+                        u64::from(r.num_tokens + 1).div_ceil(u64::from(self.limits.block_size));
+                }
+                let Some(reason) = late else { continue };
+                let sheddable = self.any_shed_class
+                    && !r.shed
                     && !r.has_answered
                     && r.phase != Phase::Answer
-                    && self.class_triage[r.class.index()] == OnOverload::Shed
-                    && (shed_running || !started);
-                if !eligible {
-                    continue;
-                }
-                let targets = self.targets(r.class);
-                if let Some(reason) = self.lateness(now_ms, r, &targets, step_ms, !is_running) {
-                    out.push(Shed { running: is_running, index: i as u32, reason });
+                    && self.class_triage[r.class.index()] == OnOverload::Shed;
+                if sheddable {
+                    let shed = Shed { running: in_running, index: i as u32, reason };
+                    let started = in_running || r.has_started || r.preempted;
+                    if started {
+                        candidates.started.push(shed)
+                    } else {
+                        candidates.fresh.push(shed)
+                    }
                 }
             }
         }
+        self.judgements = judgements;
+        candidates
+    }
+
+    /// This plan's judgement of a listed request: the target it would miss, if any.
+    #[inline(always)]
+    pub(super) fn judged(&self, handle: ReqHandle) -> Option<ShedReason> {
+        match self.judgements[handle.slot()] {
+            0 => None,
+            1 => Some(ShedReason::Ttft),
+            _ => Some(ShedReason::Ttfat),
+        }
+    }
+
+    /// The requests to end early this step, of the plan's `candidates`: late ones of `shed`
+    /// classes. A waiting one that can no longer start by its TTFT deadline always (it has waited
+    /// for room and would only wait on); the others — waiting ones unlikely to answer in time, and
+    /// (with `overload.shed_running`) running or preempted ones that have not started answering —
+    /// only while the engine has no room for every waiting request (seats or KV blocks): shedding
+    /// work the engine has room for helps no one. Marks each, so it is listed once and its finish
+    /// counts as shed.
+    pub(super) fn triage(
+        &mut self,
+        running: &[ReqHandle],
+        waiting: &[ReqHandle],
+        num_free_blocks: u32,
+        candidates: ShedCandidates,
+    ) -> Vec<Shed> {
+        let ShedCandidates { fresh, started, num_waiting, waiting_blocks } = candidates;
+        let contended = running.len() + num_waiting > self.limits.max_num_seqs as usize
+            || waiting_blocks > u64::from(num_free_blocks);
+        let mut out = Vec::new();
+        if contended && self.config.overload.shed_running {
+            out = started;
+        }
+        out.extend(fresh.into_iter().filter(|s| contended || s.reason == ShedReason::Ttft));
+        out.sort_by_key(|s| (!s.running, s.index));
         for s in &out {
             let h = if s.running { running[s.index as usize] } else { waiting[s.index as usize] };
             if let Some(r) = self.slots[h.slot()].request.as_mut() {
@@ -319,11 +375,29 @@ mod tests {
         // At 5 s the thinker has 5 s left: 500 steps of 10 ms, plenty for the rest of its 200.
         let plan = core.plan_step(5_000.0, &[thinker, answerer], &[], 1000).unwrap();
         assert!(plan.shed.is_empty());
-        // At 9.9 s it has 10 steps left and needs more than 100 tokens with any probability.
-        let plan = core.plan_step(9_900.0, &[thinker, answerer], &[], 1000).unwrap();
+        // At 9.9 s it has 10 steps left and needs more than 100 tokens with any probability —
+        // but while the engine has room for everyone waiting, ending it would help no one.
+        assert!(core.plan_step(9_900.0, &[thinker, answerer], &[], 1000).unwrap().shed.is_empty());
+        let newcomer = add(&mut core, "newcomer", 9_900.0, 10);
+        assert!(core.plan_step(9_900.0, &[thinker, answerer], &[newcomer], 1000).unwrap().shed.is_empty());
+        // A newcomer the KV cache has no room for: the thinker makes way.
+        let plan = core.plan_step(9_900.0, &[thinker, answerer], &[newcomer], 0).unwrap();
         let listed: Vec<_> = plan.shed.iter().map(|s| (s.running, s.index, s.reason)).collect();
         assert_eq!(listed, [(true, 0, ShedReason::Ttfat)]);
         assert_eq!(*plan.running_order.last().unwrap(), 0, "the shed thinker goes last");
+    }
+
+    #[test]
+    fn the_ablations_and_baselines_never_triage() {
+        for policy in ["answer_first", "pascal", "uniboost", "scorpio"] {
+            let mut core = core(&format!(
+                r#"{{{STEPS}, "policy": "{policy}", "classes": {{"c": {{"ttft_ms": 1000, "ttfat_ms": 10000,
+                    "answer_tpot_ms": 50, "rank": 0, "on_overload": "shed"}}}}, "default_class": "c"}}"#
+            ));
+            let a = add(&mut core, "a", 0.0, 100);
+            let plan = core.plan_step(5_000.0, &[], &[a], 0).unwrap();
+            assert!(plan.shed.is_empty(), "{policy} shed a request");
+        }
     }
 
     #[test]

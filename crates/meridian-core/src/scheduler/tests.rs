@@ -582,6 +582,13 @@ proptest! {
     }
 }
 
+/// The default classes with `on_overload: queue`: late requests wait (the tail rule) instead of
+/// being shed.
+const QUEUEING_CLASSES: &str = r#"{
+    "interactive": {"ttft_ms": 1000, "ttfat_ms": 15000, "answer_tpot_ms": 50, "rank": 0, "on_overload": "queue"},
+    "standard": {"ttft_ms": 3000, "ttfat_ms": 60000, "answer_tpot_ms": 100, "rank": 1, "on_overload": "queue"},
+    "batch": {"ttft_ms": 60000, "ttfat_ms": 1800000, "answer_tpot_ms": 1000, "rank": 2, "on_overload": "queue"}}"#;
+
 /// Targets in milliseconds (requests turn late within a short event stream), one class per
 /// triage mode.
 const TIGHT_TRIAGE: &str = r#"{"classes": {
@@ -896,7 +903,8 @@ fn each_class_learns_its_own_lengths_and_the_answer_reserve_follows() {
 fn a_late_waiting_request_yields_to_on_time_ones_only_up_to_its_class_bound() {
     // Default classes: interactive TTFT 1 s; factor 3 → a late interactive request waits behind
     // on-time requests of every class for at most 3 s, then goes ahead of every new one.
-    let mut core = engine_with_seats(r#"{"late_wait_ttft_factor": 3, "aging_ms": 1e9}"#, 256);
+    let config = format!(r#"{{"late_wait_ttft_factor": 3, "aging_ms": 1e9, "classes": {QUEUEING_CLASSES}}}"#);
+    let mut core = engine_with_seats(&config, 256);
     let late = add_class(&mut core, "late", 0.0, 16, Some("interactive"));
     // At 1.5 s `late` can no longer make its 1 s TTFT; a fresh batch request still can.
     let on_time = add_class(&mut core, "on-time", 1_400.0, 16, Some("batch"));
