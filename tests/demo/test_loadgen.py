@@ -15,6 +15,7 @@ from meridian.demo.loadgen import (
     LIVE_MODELS, ClassTargets, RecordTimes, Workload, is_good, outputs_by_prompt, parse_raw_record, parse_record, record_metrics,
     server_args,
 )
+from meridian.vllm.names import MIDDLEWARE
 
 REPO = Path(__file__).resolve().parents[2]
 GOLD = ClassTargets("gold", 1.0, ttft_ms=100.0, ttfat_ms=500.0, answer_tpot_ms=60.0, rank=0)
@@ -50,6 +51,16 @@ def test_goodput_needs_every_class_target() -> None:
     m = record_metrics([on_time, late_answer, failed], [GOLD], duration_s=2.0)
     assert (m["good_requests"], m["goodput_rps"], m["failed_in_records"]) == (1, 0.5, 1)
     assert m["per_class"]["gold"]["requests"] == 3 and m["per_class"]["gold"]["good"] == 1
+
+
+def test_a_shed_request_is_a_miss_not_a_failure() -> None:
+    notice = ('{"error": {"message": "meridian:shed:ttft:1: request r1 (class gold) can no longer meet its TTFT '
+              'target of 100 ms", "code": 503}}')
+    shed = parse_raw_record(raw([], error={"code": 503, "type": "Service Unavailable", "message": notice}))
+    failed = parse_raw_record(raw([], error={"code": 500, "message": "boom"}))
+    assert (shed.ok, shed.shed, failed.shed) == (False, True, False)
+    m = record_metrics([shed, failed], [GOLD], duration_s=1.0)
+    assert (m["good_requests"], m["shed"], m["failed_in_records"]) == (0, 1, 1)
 
 
 def test_an_empty_ok_response_is_counted() -> None:
@@ -102,6 +113,7 @@ def test_servers_differ_only_in_the_scheduler() -> None:
     model = LIVE_MODELS["tiny"]
     stock, ours = server_args("stock", model, REPO), server_args("meridian", model, REPO)
     assert ours[: len(stock)] == stock and ours[len(stock)] == "--scheduler-cls"
+    assert ours[ours.index("--middleware") + 1] == MIDDLEWARE, "shed requests are answered 503"
     config = json.loads(ours[ours.index("--additional-config") + 1])
     assert config["meridian"]["classes"]["interactive"]["ttfat_ms"] == model.classes[0].ttfat_ms
 

@@ -131,6 +131,19 @@ def test_ratios_geometric_means_worst_and_leave_one_family_out_by_hand() -> None
     assert "| x1 | 1 | 50% | 2.00 | 1.60 | 1.20 |" in text and "**worst**" in text
 
 
+def test_a_notice_is_late_only_past_the_deadline_its_request_was_shed_for() -> None:
+    targets = {"ttft_ms": 1000.0, "ttfat_ms": 15000.0}
+
+    def result(ttft_p99: float | None, ttfat_p99: float | None) -> dict[str, object]:
+        return {"shed_notice_ms_by_reason": {"ttft": {"p99": ttft_p99}, "ttfat": {"p99": ttfat_p99}}}
+
+    # A TTFAT shed comes while the request thinks: after the TTFT target, before the TTFAT one.
+    assert C.late_notices(result(900.0, 9000.0), targets) == []
+    assert C.late_notices(result(1100.0, None), targets) == ["ttft"]
+    assert C.late_notices(result(None, 16000.0), targets) == ["ttfat"]
+    assert C.late_notices({"shed_notice_ms_by_reason": None}, targets) == []
+
+
 @needs_traces
 @pytest.mark.vllm
 def test_a_tiny_scenario_replays_through_fcfs_and_meridian(tmp_path: Path) -> None:

@@ -68,6 +68,8 @@ def test_shed_ends_the_late_ones_early_and_loses_none(tmp_path: Path) -> None:
     summary = summarize(result)
     assert summary["shed"] == len(shed) and summary["submitted"] == 10 and summary["good"] == len(served)
     assert summary["shed_notice_ms"]["p99"] <= 500.0
+    by_reason = summary["shed_notice_ms_by_reason"]
+    assert by_reason["ttft"] == summary["shed_notice_ms"] and by_reason["ttfat"]["p99"] is None
 
 
 def test_queue_serves_every_request(tmp_path: Path) -> None:

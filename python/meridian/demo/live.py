@@ -38,6 +38,7 @@ ROWS = [
     ("good_requests", "requests within their class targets", "{:.0f}"),
     ("interactive_good", "  of which interactive", "{:.0f}"),
     ("failed", "failed requests", "{:.0f}"),
+    ("shed", "shed by triage (HTTP 503 + Retry-After)", "{:.0f}"),
     ("preemptions", "preemptions (vLLM /metrics)", "{:.0f}"),
     ("preemptions_answer", "  of which answering (Meridian ledger)", "{:.0f}"),
     ("speed_probe", "machine speed probe, before / after [ms]", "{}"),
@@ -99,6 +100,7 @@ def table_row(row: dict[str, Any]) -> dict[str, Any]:
         **{key: row.get(key) for key, _, _ in ROWS},
         "interactive_good": row["per_class"]["interactive"]["good"],
         "failed": row["errors"] + row["failed_in_records"] + row["empty_responses"],
+        "shed": row.get("shed", 0),
         "preemptions_answer": by_phase.get("answer"),
         "speed_probe": f"{probe['before']:.0f} / {probe['after']:.0f}" if probe else None,
     }

@@ -34,7 +34,8 @@ from typing import Any
 from meridian.demo.server import VllmServer, stream_chat
 from meridian.offline.tiny import task_prompt
 from meridian.replay.policies import MERIDIAN, STOCK, additional_config
-from meridian.vllm.names import SCHEDULER_CLS
+from meridian._core import SHED_MARKER
+from meridian.vllm.names import MIDDLEWARE, SCHEDULER_CLS
 
 #: aiperf's export names of the summary metrics a round reports, with the statistic taken.
 SUMMARY_METRICS = {
@@ -171,7 +172,10 @@ def server_args(policy: str, model: LiveModel, repo: Path, *, step_log: Path | N
             config["step_log_path"] = str(step_log)
         if request_log is not None:
             config["request_log_path"] = str(request_log)
-        args += ["--scheduler-cls", SCHEDULER_CLS, "--additional-config", json.dumps(additional_config(spec, config))]
+        # With the middleware, as the README serves it: a request triage sheds before its first
+        # token is answered 503 + Retry-After, which aiperf records as an error naming the notice.
+        args += ["--scheduler-cls", SCHEDULER_CLS, "--middleware", MIDDLEWARE,
+                 "--additional-config", json.dumps(additional_config(spec, config))]
     return args
 
 
@@ -238,6 +242,14 @@ class RecordTimes:
     num_output_tokens: int
     #: The generated text, from the raw export only (``parse_raw_record``); ``None`` otherwise.
     text: str | None = None
+    #: Refused by Meridian's triage before its first token (HTTP 503 with the shed notice): a
+    #: missed request, not a failure.
+    shed: bool = False
+
+
+def is_shed_error(error: Any) -> bool:
+    """Whether an aiperf error record (``ErrorDetails``, as JSON) is Meridian's shed answer."""
+    return isinstance(error, dict) and SHED_MARKER in str(error.get("message") or "")
 
 
 def _metric(metrics: dict[str, Any], name: str) -> Any:
@@ -259,6 +271,7 @@ def parse_record(record: dict[str, Any], payloads: dict[str, dict[str, Any]]) ->
         meridian_class=str((payload.get("vllm_xargs") or {}).get("meridian_class", "")),
         prompt=str(((payload.get("messages") or [{}])[-1]).get("content", "")),
         ok=record.get("error") is None,
+        shed=is_shed_error(record.get("error")),
         ttft_ms=_metric(metrics, "time_to_first_token"),
         ttfo_ms=ttfo_ms,
         answer_itl_ms=answer_itl_ms,
@@ -294,6 +307,7 @@ def parse_raw_record(record: dict[str, Any]) -> RecordTimes:
         meridian_class=str((payload.get("vllm_xargs") or {}).get("meridian_class", "")),
         prompt=str(messages[-1].get("content", "")),
         ok=record.get("error") is None and record.get("status") in (None, 200),
+        shed=is_shed_error(record.get("error")),
         ttft_ms=None if first_any is None else (first_any - start_ns) * to_ms,
         ttfo_ms=None if not answer_ns else (answer_ns[0] - start_ns) * to_ms,
         answer_itl_ms=(answer_ns[-1] - answer_ns[0]) * to_ms / (len(answer_ns) - 1) if len(answer_ns) > 1 else None,
@@ -343,7 +357,8 @@ def record_metrics(records: list[RecordTimes], classes: Iterable[ClassTargets], 
         "goodput_rps": sum(good) / duration_s if duration_s > 0 else None,
         "answer_itl_p50_ms": float(np.percentile(itl, 50)) if itl else None,
         "answer_itl_p99_ms": float(np.percentile(itl, 99)) if itl else None,
-        "failed_in_records": sum(not r.ok for r in records),
+        "failed_in_records": sum(not r.ok and not r.shed for r in records),
+        "shed": sum(r.shed for r in records),
         "empty_responses": sum(r.ok and r.num_output_tokens == 0 for r in records),
         "per_class": per_class,
     }
@@ -360,6 +375,8 @@ def read_export(artifacts: Path, classes: Iterable[ClassTargets]) -> tuple[dict[
         value = export.get(metric)
         row[name] = value.get(stat) if isinstance(value, dict) else None
     errors = export.get("error_summary") or []
+    # Shed requests are answered 503 on purpose: counted in ``shed`` (from the records), not here.
+    errors = [e for e in errors if not is_shed_error(e.get("error_details"))]
     row["errors"] = sum(int(e.get("count", 1)) for e in errors)
     row["error_kinds"] = [str(e.get("error_details", e))[:200] for e in errors]
     records = read_records(artifacts)

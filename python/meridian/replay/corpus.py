@@ -296,7 +296,7 @@ class Job:
 
 #: Bump when what a result holds (``_result``) or how a scenario is built changes: the second for
 #: results of stock vLLM (which never shed: a change to the shed fields leaves them as they were).
-RESULT_VERSION = 2
+RESULT_VERSION = 3
 STOCK_RESULT_VERSION = 1
 
 
@@ -316,6 +316,7 @@ def _result(summary: dict[str, Any]) -> dict[str, Any]:
             "submitted": s["submitted"], "good": s["good"], "completed": s["completed"], "attainment": s["attainment"],
             "shed": s.get("shed", 0),
             "shed_notice_ms": s.get("shed_notice_ms"),
+            "shed_notice_ms_by_reason": s.get("shed_notice_ms_by_reason"),
             "ttft_ms": {k: s["ttft_ms"][k] for k in ("p50", "p99")},
             "ttfat_ms": {k: s["ttfat_ms"][k] for k in ("p50", "p99")},
         }
@@ -688,6 +689,14 @@ def tails_worse(report: CorpusReport, point: float, label: str, stats: Sequence[
     return out
 
 
+def late_notices(result: Mapping[str, Any], targets: Mapping[str, float]) -> list[str]:
+    """The shed reasons whose clients heard past the deadline they were shed for (notice p99
+    after the class's TTFT target for a TTFT shed, after its TTFAT target for a TTFAT shed)."""
+    by_reason = result.get("shed_notice_ms_by_reason") or {}
+    return [reason for reason, notice in by_reason.items()
+            if (notice or {}).get("p99") is not None and notice["p99"] > targets[f"{reason}_ms"]]
+
+
 def tail_lines(report: CorpusReport) -> list[str]:
     """Per load point and column: the served requests' per-class TTFT and TTFAT p99 against FCFS's
     (and p50 at the lightest load, where no class's slack should be spent for another's), and the
@@ -695,7 +704,7 @@ def tail_lines(report: CorpusReport) -> list[str]:
     labels = [c.label for c in report.columns if c.label != BASELINE]
     lines = ["### Tails, throughput and shed notices", "",
              "| load | column | class tails above FCFS's (scenario/class/metric) | throughput × FCFS, geo. mean (min) "
-             "| shed | notice p99 ≤ TTFT target |", "|---|---|---|---|---|---|"]
+             "| shed | notice p99 ≤ the deadline shed for |", "|---|---|---|---|---|---|"]
     for point in report.points:
         stats = ("p50", "p99") if point == max(LOAD_POINTS) else ("p99",)
         for label in labels:
@@ -703,9 +712,9 @@ def tail_lines(report: CorpusReport) -> list[str]:
             tput = [report.results[(s.name, point, label)]["throughput_tok_s"]
                     / report.results[(s.name, point, BASELINE)]["throughput_tok_s"] for s in report.at(point)]
             shed = sum(report.results[(s.name, point, label)]["shed"] for s in report.at(point))
-            late = [s.name for s in report.at(point) for cls, c in report.results[(s.name, point, label)]["per_class"].items()
-                    if c["shed"] and (c.get("shed_notice_ms") or {}).get("p99") is not None
-                    and c["shed_notice_ms"]["p99"] > TARGET_SETS[s.targets][cls]["ttft_ms"]]
+            late = [f"{s.name}/{cls}/{reason}" for s in report.at(point)
+                    for cls, c in report.results[(s.name, point, label)]["per_class"].items()
+                    for reason in late_notices(c, TARGET_SETS[s.targets][cls])]
             shown = ", ".join(worse[:4]) + (f" … ({len(worse)} in all)" if len(worse) > 4 else "")
             lines.append(f"| {point:.0%} | {label} | {len(worse)} ({' and '.join(stats)}){': ' + shown if worse else ''} "
                          f"| {geometric_mean(tput):.3f} ({min(tput, default=math.nan):.3f}) | {shed} | "

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from meridian._core import SHED_MARKER
+from meridian._core import SHED_MARKER, SHED_REASONS, parse_shed_notice
 from meridian.offline.engine import Timeline
 from meridian.replay.policies import ReplayResult
 
@@ -86,6 +86,13 @@ def is_shed(t: Timeline) -> bool:
     return t.stop_reason is not None and t.stop_reason.startswith(SHED_MARKER)
 
 
+def shed_reason(t: Timeline) -> str | None:
+    """The target a shed request was shed for, read off its notice (the replay's own ledger,
+    the same for every policy, does not know the core's triage)."""
+    notice = parse_shed_notice(t.stop_reason) if t.stop_reason is not None else None
+    return notice[0] if notice is not None else None
+
+
 def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[str, Any]:
     reports = [t.report for t in timelines if t.report is not None]
     shed = [t for t in timelines if is_shed(t) and t.report is not None and t.report.e2e_ms is not None]
@@ -107,6 +114,12 @@ def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[s
         shed=sum(1 for t in timelines if is_shed(t)),
         # How long a shed request's client waited to learn its fate (arrival to the abort).
         shed_notice_ms=percentile_summary([t.report.e2e_ms for t in shed if t.report and t.report.e2e_ms is not None]),
+        # The same, by the target the request was shed for (a TTFAT shed is judged while the
+        # request thinks, so its notice comes after the TTFT target but before the TTFAT one).
+        shed_notice_ms_by_reason={
+            reason: percentile_summary([t.report.e2e_ms for t in shed
+                                        if t.report and t.report.e2e_ms is not None and shed_reason(t) == reason])
+            for reason in SHED_REASONS},
         thinking_tokens=sum(r.num_think_tokens for r in reports),
         thinking_stops=sum(1 for t in timelines if t.thinking_stopped_by is not None),
         preemptions={
