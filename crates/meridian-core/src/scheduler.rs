@@ -426,6 +426,10 @@ pub struct Meridian {
     class_triage: Vec<OnOverload>,
     /// The decode step the last plan predicted (the answer bank of the next plan reads it).
     last_decode_step_ms: f64,
+    /// How long before a queued request's first token could come, at the least, as the last
+    /// plan saw it (and how long a shed client waits for its notice, at the most): the step in
+    /// flight, which may be as long as the step budget allows, then decode steps.
+    queued_lead_ms: f64,
     /// How fast requests get their first token: the rate at which the queue drains (the
     /// saturation gauge reads it).
     start_rate: load::RateMeter,
@@ -494,6 +498,7 @@ impl Meridian {
             judgements: Vec::new(),
             degrades: false,
             last_decode_step_ms: 0.0,
+            queued_lead_ms: 0.0,
             start_rate: load::RateMeter::default(),
             class_triage,
             fresh_think_viable_tokens: vec![0.0; class_table.len()],
@@ -674,6 +679,8 @@ impl Meridian {
         let load = self.running_load(now_ms, running);
         let decode_step_ms = self.step_model.predict_ms(load.decodes());
         self.last_decode_step_ms = decode_step_ms;
+        let token_budget = self.token_budget(&load);
+        self.queued_lead_ms = self.queued_lead_ms(&load, !running.is_empty(), token_budget, decode_step_ms);
         let candidates = self.judge(now_ms, running, waiting, decode_step_ms);
         let shed = self.triage(running, waiting, num_free_blocks, candidates);
         let end_thinking = self.degrade(now_ms, running, decode_step_ms);
@@ -697,7 +704,6 @@ impl Meridian {
             running.len().saturating_sub(preempt.len() + shed_seats),
             &load,
         );
-        let token_budget = self.token_budget(&load);
         let prefetch = self.prefetch(waiting, &waiting_order, num_admissible);
         let held = self.paced_out(now_ms, running, decode_step_ms);
         self.num_thinking_in_step = running.len() as u32 - load.num_answering;

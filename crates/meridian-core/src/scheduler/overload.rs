@@ -22,8 +22,9 @@ use crate::slo::{OnOverload, SloTargets};
 /// closing text and the end marker) and the step in flight.
 pub const DEGRADE_MARGIN_STEPS: f64 = 4.0;
 
-/// Decode steps between a plan and the first token of a request it leaves waiting, at the least
-/// (and between a plan that sheds it and its client's notice, at the most).
+/// Steps between a plan and the first token of a request it leaves waiting, at the least (and
+/// between a plan that sheds it and its client's notice, at the most): the step in flight,
+/// which may be as long as the step budget allows, then decode steps.
 pub const QUEUED_LEAD_STEPS: f64 = 3.0;
 
 /// The target a late request can no longer meet.
@@ -121,6 +122,27 @@ impl Meridian {
         })
     }
 
+    /// [`QUEUED_LEAD_STEPS`] in milliseconds for this plan: the step in flight — with requests
+    /// running, at the longest the budget allows (`token_budget` tokens: their decodes and
+    /// prompt chunks) — then decode steps. A step of prompt chunks lasts many decode steps, and
+    /// counting it as one told shed clients their fate up to a step after their deadline.
+    pub(super) fn queued_lead_ms(
+        &self,
+        load: &super::RunningLoad,
+        any_running: bool,
+        token_budget: u32,
+        decode_step_ms: f64,
+    ) -> f64 {
+        let mut longest = load.decodes();
+        longest.num_prefill_tokens = token_budget.saturating_sub(longest.num_decode_requests);
+        let in_flight_ms = if any_running {
+            self.step_model.predict_ms(longest).max(decode_step_ms)
+        } else {
+            decode_step_ms
+        };
+        in_flight_ms + (QUEUED_LEAD_STEPS - 1.0) * decode_step_ms
+    }
+
     /// The target the request would miss, judged with `step_ms` per decode step, or `None` while
     /// it is viable (always `None` once it answers). `queued`: it waits in the queue, so its
     /// whole prompt is still to compute (a running one's progress is vLLM's, so only its TTFT
@@ -142,8 +164,11 @@ impl Meridian {
             // A queued request starts a step or more from now, and its client learns a shed a step
             // or two after the plan (the step in flight, then the output): judged that far ahead,
             // a request shed for its TTFT is told before its deadline.
-            let to_first_token_ms =
-                if queued { self.prefill_ms(r.num_tokens) + QUEUED_LEAD_STEPS * step_ms } else { 0.0 };
+            let to_first_token_ms = if queued {
+                self.prefill_ms(r.num_tokens) + self.queued_lead_ms.max(QUEUED_LEAD_STEPS * step_ms)
+            } else {
+                0.0
+            };
             if now_ms + to_first_token_ms > r.arrival_ms + targets.ttft_ms {
                 return Some(ShedReason::Ttft);
             }
@@ -363,6 +388,23 @@ mod tests {
         let counters = core.class_counters()[0];
         assert_eq!((counters.num_shed, counters.num_aborted), ([1, 0], 1));
         assert_eq!(core.stats().num_shed, 1);
+    }
+
+    #[test]
+    fn the_step_in_flight_counts_at_the_length_the_budget_allows() {
+        // With a request running, the step in flight may carry prompt chunks up to the budget:
+        // nobody answers, so it aims at 2.5 × 0.9 × the 50 ms TPOT target = 112.5 ms. The lead is
+        // that step and two 10 ms decode steps (132.5 ms), so the 101-token prompt (111 ms) is
+        // late from 1000 - 243.5 = 756.5 ms on, where three decode steps alone (30 ms) would
+        // have waited until 859 ms and told its client up to a long step past its deadline.
+        let mut core = engine("shed");
+        let thinker = add(&mut core, "thinker", 0.0, 10);
+        core.on_tokens(50.0, thinker, &[WORD; 5]).unwrap();
+        let a = add(&mut core, "a", 0.0, 100);
+        assert!(core.plan_step(740.0, &[thinker], &[a], 1000).unwrap().shed.is_empty());
+        let plan = core.plan_step(780.0, &[thinker], &[a], 1000).unwrap();
+        let listed: Vec<_> = plan.shed.iter().map(|s| (s.running, s.index, s.reason)).collect();
+        assert_eq!(listed, [(false, 0, ShedReason::Ttft)]);
     }
 
     #[test]
