@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -119,20 +120,32 @@ def test_gauges_follow_the_requests_and_return_to_zero_when_idle(server: VllmSer
     # Forty long prompts in one streamed request, into a cache that holds two: for seconds,
     # requests think while most wait. vLLM hands the prompts to the engine one by one and the
     # engine may step (and stream a first token) before the last arrives, so the gauges are
-    # scraped while the stream runs, at most every 0.1 s, until one scrape shows both.
+    # scraped from another thread every 0.05 s while the stream runs (a scrape per streamed
+    # line missed the window on a loaded machine), until one scrape shows both.
     prompts = [" ".join(prompt_words(99 - i, 26)) for i in range(40)]
     body = {"model": MODEL, "prompt": prompts, "max_tokens": 200, "temperature": 0.0, "stream": True}
     busy: dict[str, float] = {}
     during: Samples = []
-    next_scrape_s = 0.0
-    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=300) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line.startswith("data:") or is_busy(busy) or time.monotonic() < next_scrape_s:
-                continue
-            next_scrape_s = time.monotonic() + 0.1
+    streaming = threading.Event()
+    streaming.set()
+
+    def watch() -> None:
+        nonlocal busy, during
+        while streaming.is_set() and not is_busy(busy):
             during = scrape(server)
             busy = {s: total(during, METRIC_NAMES["num_requests"], state=s) for s in REQUEST_STATES}
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=300) as response:
+        assert response.status_code == 200
+        watcher.start()
+        try:
+            for _ in response.iter_lines():
+                pass
+        finally:
+            streaming.clear()
+            watcher.join()
     assert is_busy(busy), busy
     assert total(during, METRIC_NAMES["phase_weighted_queue"]) > 0.0
     samples = scrape(server)
