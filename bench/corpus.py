@@ -24,7 +24,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 from meridian.replay.corpus import (  # noqa: E402
-    Corpus, columns, leave_one_family_out, make_corpus, plot, render, run_corpus,
+    LOAD_POINTS, Corpus, columns, leave_one_family_out, make_corpus, plot, render, run_corpus,
 )
 from meridian.replay.report import write_json  # noqa: E402
 
@@ -42,6 +42,16 @@ def variant(text: str) -> tuple[str, dict[str, object]]:
     return label, value
 
 
+def load_points(text: str) -> tuple[float, ...]:
+    try:
+        points = tuple(float(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated load points such as 0.9,0.5, got {text!r}") from None
+    if not all(p in LOAD_POINTS for p in points):
+        raise argparse.ArgumentTypeError(f"load points {text!r}: each must be one of {', '.join(map(str, LOAD_POINTS))}")
+    return points
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--per-family", type=int, default=6)
@@ -51,7 +61,7 @@ def main() -> int:
     parser.add_argument("--variant", type=variant, action="append", default=[],
                         help="a Meridian variant LABEL=JSON (its `meridian` keys; on_overload sets every class's)")
     parser.add_argument("--capacity", action="store_true", help="also search each column's capacity")
-    parser.add_argument("--loads", default=None,
+    parser.add_argument("--loads", type=load_points, default=None,
                         help="comma-separated load points to replay (FCFS's attainment there: 0.9, 0.7, 0.5; default all)")
     parser.add_argument("--lofo", default=None,
                         help="comma-separated column labels to pick a default from, leave-one-family-out")
@@ -66,7 +76,7 @@ def main() -> int:
     families = args.families or None
     scenarios = make_corpus(args.per_family, seed=args.seed, **({"families": families} if families else {}))
     cols = columns([p.strip() for p in args.policies.split(",") if p.strip()], dict(args.variant))
-    points = {"points": tuple(float(p) for p in args.loads.split(","))} if args.loads else {}
+    points = {"points": args.loads} if args.loads else {}
     report = run_corpus(corpus, scenarios, cols, capacity=args.capacity, **points)
     text = ["# Scenario corpus", "", f"{len(scenarios)} scenarios (seed {args.seed}):", ""]
     text += [f"- `{s.name}`: {s.describe()}, {s.num_requests} requests" for s in scenarios]

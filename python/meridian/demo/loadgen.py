@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meridian._core import SHED_MARKER
 from meridian.demo.server import VllmServer, stream_chat
 from meridian.offline.tiny import task_prompt
 from meridian.replay.policies import MERIDIAN, STOCK, additional_config
-from meridian._core import SHED_MARKER
 from meridian.vllm.names import MIDDLEWARE, SCHEDULER_CLS
 
 #: aiperf's export names of the summary metrics a round reports, with the statistic taken.
