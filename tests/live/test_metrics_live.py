@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,12 +16,14 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from meridian.demo.server import VllmServer, stream_chat
 from meridian.offline.tiny import prompt_words
 from meridian.vllm.metrics import REQUEST_STATES
-from meridian.vllm.names import METRIC_NAMES
+from meridian.vllm.names import BUS_DIR_ENV, METRIC_NAMES
 
 from tiny_server import FIXTURE, MODEL, QUEUE_LATE, server_args
 
@@ -76,10 +77,17 @@ def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     # Every request of the burst must finish (the counters are checked against them): late ones
     # queue instead of being shed (tests/live/test_shed.py covers shedding).
     config = json.dumps({"meridian": {"request_log_path": str(folder / "requests.jsonl"), **QUEUE_LATE}})
-    with VllmServer(FIXTURE, SERVER_ARGS + ["--additional-config", config], log_path=folder / "serve.log",
-                    cache_dir=cache_dir) as srv:
-        srv.request_log = folder / "requests.jsonl"  # type: ignore[attr-defined]
+    # The server's own bus folder, so a test can find the files its engine core writes the series to.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(BUS_DIR_ENV, str(folder / "bus"))
+        srv = VllmServer(FIXTURE, SERVER_ARGS + ["--additional-config", config], log_path=folder / "serve.log",
+                         cache_dir=cache_dir).start()
+    srv.request_log = folder / "requests.jsonl"  # type: ignore[attr-defined]
+    srv.bus_dir = folder / "bus"  # type: ignore[attr-defined]
+    try:
         yield srv
+    finally:
+        srv.stop()
 
 
 def test_the_ttfo_histogram_counts_each_finished_request_once_with_the_request_logs_ttfat(server: VllmServer) -> None:
@@ -116,36 +124,33 @@ def is_busy(busy: dict[str, float]) -> bool:
     return bool(busy) and busy["thinking"] + busy["prefilling"] > 0 and busy["waiting"] > 0
 
 
+def engine_series(server: VllmServer) -> Samples:
+    """Meridian's series as the engine core last wrote them, read from its files with the
+    collector ``/metrics`` uses: while a burst runs, a starved API server can leave ``/metrics``
+    unanswered for seconds (it tokenizes and detokenizes on its one event loop), longer than
+    the burst takes on a loaded machine."""
+    (directory,) = server.bus_dir.glob("meridian-metrics-*")  # type: ignore[attr-defined]
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))  # type: ignore[no-untyped-call]
+    return [(s.name, s.labels, s.value) for family in registry.collect() for s in family.samples]
+
+
 def test_gauges_follow_the_requests_and_return_to_zero_when_idle(server: VllmServer) -> None:
-    # Forty long prompts in one streamed request, into a cache that holds two: for seconds,
-    # requests think while most wait. vLLM hands the prompts to the engine one by one and the
-    # engine may step (and stream a first token) before the last arrives, so the gauges are
-    # scraped from another thread every 0.05 s while the stream runs (a scrape per streamed
-    # line missed the window on a loaded machine), until one scrape shows both.
-    prompts = [" ".join(prompt_words(99 - i, 26)) for i in range(40)]
-    body = {"model": MODEL, "prompt": prompts, "max_tokens": 200, "temperature": 0.0, "stream": True}
+    # 120 long prompts in one request, into a cache that holds two or three: for ten seconds or
+    # more, requests think while most wait. The engine core rewrites the gauges every 0.25 s
+    # while it runs; they are read every 0.05 s until one reading shows both. (With both cores
+    # loaded this process itself was seen to stall for 5 s: a burst of 40 ended unseen.)
+    prompts = [" ".join(prompt_words(99 - i % 40, 26)) for i in range(120)]
+    body = {"model": MODEL, "prompt": prompts, "max_tokens": 200, "temperature": 0.0}
     busy: dict[str, float] = {}
     during: Samples = []
-    streaming = threading.Event()
-    streaming.set()
-
-    def watch() -> None:
-        nonlocal busy, during
-        while streaming.is_set() and not is_busy(busy):
-            during = scrape(server)
+    with ThreadPoolExecutor(1) as pool:
+        response = pool.submit(httpx.post, f"{server.base_url}/v1/completions", json=body, timeout=300)
+        while not response.done() and not is_busy(busy):
+            during = engine_series(server)
             busy = {s: total(during, METRIC_NAMES["num_requests"], state=s) for s in REQUEST_STATES}
             time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch)
-    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=300) as response:
-        assert response.status_code == 200
-        watcher.start()
-        try:
-            for _ in response.iter_lines():
-                pass
-        finally:
-            streaming.clear()
-            watcher.join()
+        assert response.result().status_code == 200
     assert is_busy(busy), busy
     assert total(during, METRIC_NAMES["phase_weighted_queue"]) > 0.0
     samples = scrape(server)
