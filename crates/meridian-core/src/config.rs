@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::predictor::LearningRate;
-use crate::slo::{ClassId, OnOverload, SloClass, SloTargets};
+use crate::slo::{ClassId, OnOverload, SloClass, SloTargets, WaitingOrder};
 use crate::thinking::ThinkingControl;
 
 /// What happens to the KV blocks of a finished reasoning request from the start of its reasoning on.
@@ -296,6 +296,7 @@ struct RawOverload {
     tpot_guard: Option<bool>,
     degrade_margin_ms: Option<f64>,
     on_overload: Option<OnOverload>,
+    waiting_order: Option<WaitingOrder>,
 }
 
 /// How the policy judges and triages work that does not fit (key `overload`). A request's
@@ -327,6 +328,8 @@ pub struct Overload {
     /// steps for the closing sequence) before its TTFAT deadline (default 500 ms: the scheduler's
     /// word reaches a worker in another process within that).
     pub degrade_margin_ms: f64,
+    /// How requests between those two bands are ordered within a class rank (default `slack`).
+    pub waiting_order: WaitingOrder,
 }
 
 impl Default for Overload {
@@ -338,6 +341,7 @@ impl Default for Overload {
             fcfs_slack_ttft_factor: 0.5,
             tpot_guard: true,
             degrade_margin_ms: 500.0,
+            waiting_order: WaitingOrder::default(),
         }
     }
 }
@@ -680,6 +684,7 @@ fn validate_overload(raw: RawOverload) -> Result<Overload> {
             "overload.degrade_margin_ms",
             raw.degrade_margin_ms.unwrap_or(defaults.degrade_margin_ms),
         )?,
+        waiting_order: raw.waiting_order.unwrap_or(defaults.waiting_order),
     })
 }
 

@@ -20,7 +20,7 @@ use crate::ledger::{Attainment, ClassCounters, FinishReason, PhaseCountsU64, Req
 use crate::phase::{Phase, PhaseTracker, ReasoningMarkers};
 use crate::predictor::{Quantile, ResidualLength};
 use crate::prefix_index::PrefixIndex;
-use crate::slo::{ClassId, OnOverload, SloTargets};
+use crate::slo::{ClassId, OnOverload, SloTargets, WaitingOrder};
 use crate::step_model::{StepCoefficients, StepSample, StepShape, StepTimeModel};
 
 /// Opaque handle of a tracked request: slot index in the low 32 bits, slot generation in the high
@@ -1154,7 +1154,12 @@ impl Meridian {
             (SAFE_RANK, r.arrival_ms)
         } else {
             let rank = self.class_table[r.class.index()].1.min(SAFE_RANK - 1);
-            (rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8), slack_ms)
+            let urgency = match self.config.overload.waiting_order {
+                WaitingOrder::Slack => slack_ms,
+                // Highest density first: the key sorts ascending.
+                WaitingOrder::ValueDensity => -self.value_density(now_ms, r, &targets, step_ms),
+            };
+            (rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8), urgency)
         };
         let rank = u64::from(rank);
         if let Some(affinity) = with_affinity.then(|| self.affinity_key(r, &targets, slack_ms)).flatten() {
@@ -1164,6 +1169,34 @@ impl Meridian {
             return (7, primary, u64::from(sortable32(r.arrival_ms)));
         }
         (7, rank << 56 | sortable(urgency) >> 8, u64::from(sortable32(r.arrival_ms)))
+    }
+
+    /// The probability that a waiting request meets its TTFAT target if admitted now, per
+    /// millisecond of engine time it is expected to take (its prefill, then its median remaining
+    /// thinking and answer at `step_ms` a token). Why per engine time: while the work does not
+    /// fit, each admission displaces others; two cheap likely requests finish on time where one
+    /// long one would (the value density of a knapsack's greedy order). Why the probability and
+    /// not the slack: a request far from its deadline but with a long expected thinking is
+    /// worth little once its chance is gone, one close to it but short still finishes.
+    #[inline]
+    fn value_density(&self, now_ms: f64, r: &Hot, targets: &SloTargets, step_ms: f64) -> f64 {
+        let prefill_ms = if r.has_started { 0.0 } else { self.prefill_ms(r.num_tokens) };
+        let lengths = &self.lengths[r.class.index()];
+        let (think_tokens, prob) = if r.is_reasoning && r.phase != Phase::Answer {
+            let think = if r.num_think_tokens == 0 {
+                self.fresh_think_p50_tokens[r.class.index()]
+            } else {
+                lengths.think.remaining_quantile(r.num_think_tokens, Quantile::P50)
+            };
+            let left_ms = r.arrival_ms + targets.ttfat_ms - now_ms - prefill_ms;
+            // One decode step produces the first answer token after the thinking ends.
+            (think, lengths.think.prob_within(r.num_think_tokens, left_ms / step_ms - 1.0))
+        } else {
+            (0.0, 1.0)
+        };
+        let answer_tokens = lengths.answer.remaining_quantile(r.num_answer_tokens, Quantile::P50);
+        let cost_ms = prefill_ms + (think_tokens + answer_tokens) * step_ms;
+        prob / cost_ms.max(f64::MIN_POSITIVE)
     }
 
     /// UniBoost's key: the arrival pushed back by the work the request has made known (prompt and

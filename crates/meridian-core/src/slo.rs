@@ -55,6 +55,32 @@ pub enum OnOverload {
     Degrade,
 }
 
+/// How the policy orders waiting requests that are neither safely inside their targets nor
+/// judged late, within a class rank (key `overload.waiting_order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingOrder {
+    /// Least slack first (earliest effective deadline): the request closest to missing goes
+    /// first.
+    #[default]
+    Slack,
+    /// Value density first: the probability of meeting its targets if admitted now per
+    /// millisecond of engine time it is expected to hold a seat (prefill, then its expected
+    /// thinking and answer at the predicted decode step), so the engine's time goes to the
+    /// requests most likely to finish on time per unit of it.
+    ValueDensity,
+}
+
+impl WaitingOrder {
+    /// The name the configuration uses.
+    pub const fn name(self) -> &'static str {
+        match self {
+            WaitingOrder::Slack => "slack",
+            WaitingOrder::ValueDensity => "value_density",
+        }
+    }
+}
+
 impl OnOverload {
     /// The name the configuration uses.
     pub const fn name(self) -> &'static str {

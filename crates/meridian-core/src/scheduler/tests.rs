@@ -433,10 +433,17 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     #[test]
-    fn random_event_streams_keep_every_invariant(ops in prop::collection::vec(op(), 1..120), triage in 0usize..2) {
+    fn random_event_streams_keep_every_invariant(ops in prop::collection::vec(op(), 1..120), triage in 0usize..3) {
         // Default targets, or targets tight enough (milliseconds) that requests turn late within
-        // the stream, with one class of each triage mode.
-        let mut core = if triage == 0 { engine() } else { engine_with(Config::from_json(TIGHT_TRIAGE).unwrap()) };
+        // the stream, with one class of each triage mode (and the value-density order).
+        let mut core = match triage {
+            0 => engine(),
+            1 => engine_with(Config::from_json(TIGHT_TRIAGE).unwrap()),
+            _ => {
+                let config = format!(r#"{{"overload": {{"waiting_order": "value_density"}}, {}"#, &TIGHT_TRIAGE[1..]);
+                engine_with(Config::from_json(&config).unwrap())
+            }
+        };
         core.set_thinking_worker(true);
         let mut ended = HashSet::new();
         let mut running: Vec<ReqHandle> = Vec::new();
@@ -1121,4 +1128,55 @@ proptest! {
     fn ceil_tokens_is_ceil_for_token_estimates(x in 0.0f64..1e12) {
         prop_assert_eq!(ceil_tokens(x), x.ceil() as u64);
     }
+}
+
+/// One queueing class whose TTFT target does not bind here and whose TTFAT target leaves 120 s, no
+/// light-load band, no aging and no starvation bound: only the waiting order decides.
+fn ordering_engine(waiting_order: &str) -> Meridian {
+    let config = format!(
+        r#"{{"aging_ms": 1e9, "starvation_ms": 1e9, "overload": {{"fcfs_slack_ttft_factor": 0, "waiting_order": "{waiting_order}",
+            "min_success_probability": 0.001}},
+            "classes": {{"c": {{"ttft_ms": 115000, "ttfat_ms": 120000, "answer_tpot_ms": 1000, "rank": 0,
+            "on_overload": "queue"}}}}, "default_class": "c"}}"#
+    );
+    engine_with(Config::from_json(&config).unwrap())
+}
+
+#[test]
+fn value_density_puts_the_cheaper_of_two_equally_likely_requests_first() {
+    // Same arrival, same class: the 2,000-token prompt has the less slack (its prefill), so the
+    // slack order runs it first; per millisecond of engine time the 16-token one is worth more.
+    for (order, expected) in [("slack", vec![1, 0]), ("value_density", vec![0, 1])] {
+        let mut core = ordering_engine(order);
+        let short = add(&mut core, "short", 0.0, 16);
+        let long = add(&mut core, "long", 0.0, 2000);
+        let plan = core.plan_step(0.0, &[], &[short, long], 1000).unwrap();
+        assert_eq!(plan.waiting_order, expected, "{order}");
+    }
+}
+
+#[test]
+fn value_density_puts_the_likelier_of_two_equally_costly_requests_first() {
+    // Same prompt: at 100 s the older request has 20 s left for its thinking, the younger 80 s.
+    // The slack order runs the older first; its chance of thinking within 20 s is the smaller.
+    for (order, expected) in [("slack", vec![0, 1]), ("value_density", vec![1, 0])] {
+        let mut core = ordering_engine(order);
+        let older = add(&mut core, "older", 0.0, 16);
+        let younger = add(&mut core, "younger", 60_000.0, 16);
+        let plan = core.plan_step(100_000.0, &[], &[older, younger], 1000).unwrap();
+        assert_eq!(plan.waiting_order, expected, "{order}");
+    }
+    // The probabilities behind it, from the class's thinking distribution (the prior's).
+    let mut core = ordering_engine("value_density");
+    let h = add(&mut core, "probe", 0.0, 16);
+    core.plan_step(0.0, &[], &[h], 1000).unwrap();
+    let step_ms = core.last_decode_step_ms;
+    let think = &core.lengths[0].think;
+    assert!(think.prob_within(0, 20_000.0 / step_ms) < think.prob_within(0, 80_000.0 / step_ms));
+}
+
+#[test]
+fn the_waiting_order_key_is_validated_by_name() {
+    let err = Config::from_json(r#"{"overload": {"waiting_order": "fastest"}}"#).unwrap_err().to_string();
+    assert!(err.contains("waiting_order") || err.contains("fastest"), "{err}");
 }
