@@ -328,7 +328,8 @@ pub struct Overload {
     /// steps for the closing sequence) before its TTFAT deadline (default 500 ms: the scheduler's
     /// word reaches a worker in another process within that).
     pub degrade_margin_ms: f64,
-    /// How requests between those two bands are ordered within a class rank (default `slack`).
+    /// How requests between those two bands are ordered within a class rank (default
+    /// `value_density`, in `shed` classes).
     pub waiting_order: WaitingOrder,
 }
 

@@ -1154,11 +1154,13 @@ impl Meridian {
             (SAFE_RANK, r.arrival_ms)
         } else {
             let rank = self.class_table[r.class.index()].1.min(SAFE_RANK - 1);
-            let urgency = match self.config.overload.waiting_order {
-                WaitingOrder::Slack => slack_ms,
-                // Highest density first: the key sorts ascending.
-                WaitingOrder::ValueDensity => -self.value_density(now_ms, r, &targets, step_ms),
-            };
+            // Value density only where the requests it passes over may be shed: under `queue`
+            // every request is served anyway, and the cheap ones first only bring many to
+            // their answers together (measured on the scripted KV-pressure scenario).
+            let density = self.config.overload.waiting_order == WaitingOrder::ValueDensity
+                && self.class_triage[r.class.index()] == OnOverload::Shed;
+            // Highest density first: the key sorts ascending.
+            let urgency = if density { -self.value_density(now_ms, r, &targets, step_ms) } else { slack_ms };
             (rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8), urgency)
         };
         let rank = u64::from(rank);

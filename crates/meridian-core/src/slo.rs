@@ -62,18 +62,18 @@ pub enum OnOverload {
 pub enum WaitingOrder {
     /// Least slack first (earliest effective deadline): the request closest to missing goes
     /// first.
-    #[default]
     Slack,
-    /// Value density first: the probability of meeting its targets if admitted now per
-    /// millisecond of engine time it is expected to hold a seat (prefill, then its expected
-    /// thinking and answer at the predicted decode step), so the engine's time goes to the
-    /// requests most likely to finish on time per unit of it. Not the default (yet): on the
-    /// scenario corpus at FCFS's 50 % load it met every target for 1.61× the requests FCFS did
-    /// against 1.56× under `slack`, with fewer sheds and FCFS's throughput, and won on every
-    /// trace family held out (`bench/results/corpus_2026-12-03-value-density/`); but on the
-    /// scripted KV-pressure scenario it met fewer (28 against 32 over three seeds) and let an
-    /// answer be preempted once (no thinker was left to yield): admitting the cheap requests
-    /// first brings them to their answers together.
+    /// Value density first, in classes whose late requests are shed (the others keep `slack`):
+    /// the probability of meeting its targets if admitted now per millisecond of engine time it
+    /// is expected to hold a seat (prefill, then its expected thinking and answer at the
+    /// predicted decode step), so the engine's time goes to the requests most likely to finish
+    /// on time per unit of it. The default: on the scenario corpus at FCFS's 50 % load it met
+    /// every target for 1.61× the requests FCFS did against 1.56× under `slack`, with fewer
+    /// sheds and FCFS's throughput, and won on every trace family held out
+    /// (`bench/results/corpus_2026-12-03-value-density/`). Not under `queue`: there every
+    /// request is served anyway, and on the scripted KV-pressure scenario the cheap ones first
+    /// met fewer targets (28 against 32 over three seeds) and let an answer be preempted once.
+    #[default]
     ValueDensity,
 }
 

@@ -1130,14 +1130,18 @@ proptest! {
     }
 }
 
-/// One queueing class whose TTFT target does not bind here and whose TTFAT target leaves 120 s, no
+/// One shedding class whose TTFT target does not bind here and whose TTFAT target leaves 120 s, no
 /// light-load band, no aging and no starvation bound: only the waiting order decides.
 fn ordering_engine(waiting_order: &str) -> Meridian {
+    ordering_engine_with(waiting_order, "shed")
+}
+
+fn ordering_engine_with(waiting_order: &str, on_overload: &str) -> Meridian {
     let config = format!(
         r#"{{"aging_ms": 1e9, "starvation_ms": 1e9, "overload": {{"fcfs_slack_ttft_factor": 0, "waiting_order": "{waiting_order}",
             "min_success_probability": 0.001}},
             "classes": {{"c": {{"ttft_ms": 115000, "ttfat_ms": 120000, "answer_tpot_ms": 1000, "rank": 0,
-            "on_overload": "queue"}}}}, "default_class": "c"}}"#
+            "on_overload": "{on_overload}"}}}}, "default_class": "c"}}"#
     );
     engine_with(Config::from_json(&config).unwrap())
 }
@@ -1173,6 +1177,17 @@ fn value_density_puts_the_likelier_of_two_equally_costly_requests_first() {
     let step_ms = core.last_decode_step_ms;
     let think = &core.lengths[0].think;
     assert!(think.prob_within(0, 20_000.0 / step_ms) < think.prob_within(0, 80_000.0 / step_ms));
+}
+
+#[test]
+fn value_density_is_the_default_and_leaves_queueing_classes_in_slack_order() {
+    assert_eq!(Config::default().overload.waiting_order, WaitingOrder::ValueDensity);
+    // The cheaper-first case above, in a class whose late requests queue: slack order.
+    let mut core = ordering_engine_with("value_density", "queue");
+    let short = add(&mut core, "short", 0.0, 16);
+    let long = add(&mut core, "long", 0.0, 2000);
+    let plan = core.plan_step(0.0, &[], &[short, long], 1000).unwrap();
+    assert_eq!(plan.waiting_order, vec![1, 0]);
 }
 
 #[test]
