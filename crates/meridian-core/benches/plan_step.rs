@@ -9,9 +9,13 @@ use std::hint::black_box;
 const END: u32 = 2;
 
 fn populated(num_requests: usize) -> (Meridian, Vec<ReqHandle>, Vec<ReqHandle>) {
+    populated_with(Config::default(), num_requests)
+}
+
+fn populated_with(config: Config, num_requests: usize) -> (Meridian, Vec<ReqHandle>, Vec<ReqHandle>) {
     let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 8192, max_num_seqs: 4096 };
     let markers = ReasoningMarkers::new(vec![1], vec![END], vec![]);
-    let mut core = Meridian::new(Config::default(), limits, markers).unwrap();
+    let mut core = Meridian::new(config, limits, markers).unwrap();
     let classes = ["interactive", "standard", "batch"];
     let mut running = Vec::new();
     let mut waiting = Vec::new();
@@ -88,6 +92,18 @@ fn bench_plan_step(c: &mut Criterion) {
     group.finish();
 }
 
+/// The same steady state with the waiting order before value density (least slack first), for
+/// the cost of the density key side by side.
+fn bench_plan_step_slack(c: &mut Criterion) {
+    let mut group = c.benchmark_group("plan_step_slack");
+    for n in [1024usize, 4096] {
+        let config = Config::from_json(r#"{"overload": {"waiting_order": "slack"}}"#).unwrap();
+        let (core, running, waiting) = populated_with(config, n);
+        bench_steady(&mut group, n, core, &running, &waiting);
+    }
+    group.finish();
+}
+
 /// Worst case: lists in an order unrelated to the policy's (first step after a burst of arrivals).
 fn bench_plan_step_shuffled(c: &mut Criterion) {
     let mut group = c.benchmark_group("plan_step_shuffled");
@@ -122,5 +138,11 @@ fn bench_plan_step_prefix(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_plan_step, bench_plan_step_shuffled, bench_plan_step_prefix);
+criterion_group!(
+    benches,
+    bench_plan_step,
+    bench_plan_step_slack,
+    bench_plan_step_shuffled,
+    bench_plan_step_prefix
+);
 criterion_main!(benches);
