@@ -1077,17 +1077,7 @@ impl Meridian {
     /// request that has not produced a token yet.
     #[inline(always)]
     fn think_slack_ms(&self, now_ms: f64, r: &Hot, targets: &SloTargets, step_ms: f64) -> f64 {
-        // The median of the remaining thinking given what the request has already thought (the
-        // mean of a heavy tail is dominated by the few longest and would judge most requests
-        // late long before they are).
-        let expected_think_tokens = if r.is_reasoning && r.num_think_tokens == 0 {
-            // Every waiting request: the class's value, read once per plan.
-            self.fresh_think_p50_tokens[r.class.index()]
-        } else if r.is_reasoning {
-            self.lengths[r.class.index()].think.remaining_quantile(r.num_think_tokens, Quantile::P50)
-        } else {
-            0.0
-        };
+        let expected_think_tokens = self.expected_think_tokens(r);
         let ttfat_slack = r.arrival_ms + targets.ttfat_ms - now_ms - (expected_think_tokens + 1.0) * step_ms;
         if !r.has_started {
             let prefill_ms = self.prefill_ms(r.num_tokens);
@@ -1095,6 +1085,21 @@ impl Meridian {
             ttfat_slack.min(ttft_slack)
         } else {
             ttfat_slack
+        }
+    }
+
+    /// The median of the request's remaining thinking given what it has already thought (the
+    /// mean of a heavy tail is dominated by the few longest and would judge most requests late
+    /// long before they are); 0 for a request that does not reason.
+    #[inline(always)]
+    fn expected_think_tokens(&self, r: &Hot) -> f64 {
+        if r.is_reasoning && r.num_think_tokens == 0 {
+            // Every waiting request: the class's value, read once per plan.
+            self.fresh_think_p50_tokens[r.class.index()]
+        } else if r.is_reasoning {
+            self.lengths[r.class.index()].think.remaining_quantile(r.num_think_tokens, Quantile::P50)
+        } else {
+            0.0
         }
     }
 
@@ -1184,18 +1189,14 @@ impl Meridian {
     fn value_density(&self, now_ms: f64, r: &Hot, targets: &SloTargets, step_ms: f64) -> f64 {
         let prefill_ms = if r.has_started { 0.0 } else { self.prefill_ms(r.num_tokens) };
         let lengths = &self.lengths[r.class.index()];
-        let (think_tokens, prob) = if r.is_reasoning && r.phase != Phase::Answer {
-            let think = if r.num_think_tokens == 0 {
-                self.fresh_think_p50_tokens[r.class.index()]
-            } else {
-                lengths.think.remaining_quantile(r.num_think_tokens, Quantile::P50)
-            };
+        let prob = if r.is_reasoning && r.phase != Phase::Answer {
             let left_ms = r.arrival_ms + targets.ttfat_ms - now_ms - prefill_ms;
             // One decode step produces the first answer token after the thinking ends.
-            (think, lengths.think.prob_within(r.num_think_tokens, left_ms / step_ms - 1.0))
+            lengths.think.prob_within(r.num_think_tokens, left_ms / step_ms - 1.0)
         } else {
-            (0.0, 1.0)
+            1.0
         };
+        let think_tokens = if r.phase == Phase::Answer { 0.0 } else { self.expected_think_tokens(r) };
         let answer_tokens = lengths.answer.remaining_quantile(r.num_answer_tokens, Quantile::P50);
         let cost_ms = prefill_ms + (think_tokens + answer_tokens) * step_ms;
         prob / cost_ms.max(f64::MIN_POSITIVE)

@@ -77,16 +77,6 @@ pub enum WaitingOrder {
     ValueDensity,
 }
 
-impl WaitingOrder {
-    /// The name the configuration uses.
-    pub const fn name(self) -> &'static str {
-        match self {
-            WaitingOrder::Slack => "slack",
-            WaitingOrder::ValueDensity => "value_density",
-        }
-    }
-}
-
 impl OnOverload {
     /// The name the configuration uses.
     pub const fn name(self) -> &'static str {

@@ -1130,13 +1130,23 @@ proptest! {
     }
 }
 
-/// One shedding class whose TTFT target does not bind here and whose TTFAT target leaves 120 s, no
-/// light-load band, no aging and no starvation bound: only the waiting order decides.
-fn ordering_engine(waiting_order: &str) -> Meridian {
-    ordering_engine_with(waiting_order, "shed")
+/// The waiting order of one plan at `now_ms` over fresh requests `(req_id, arrival_ms,
+/// prompt_len)`, in one class whose late requests `on_overload`: its TTFT target does not bind
+/// here and its TTFAT target leaves 120 s; no light-load band, no aging and no starvation bound,
+/// so only the waiting order decides.
+fn waiting_order_of(
+    waiting_order: &str,
+    on_overload: &str,
+    requests: &[(&str, f64, usize)],
+    now_ms: f64,
+) -> Vec<u32> {
+    let mut core = ordering_engine(waiting_order, on_overload);
+    let waiting: Vec<_> =
+        requests.iter().map(|&(id, arrival_ms, len)| add(&mut core, id, arrival_ms, len)).collect();
+    core.plan_step(now_ms, &[], &waiting, 1000).unwrap().waiting_order
 }
 
-fn ordering_engine_with(waiting_order: &str, on_overload: &str) -> Meridian {
+fn ordering_engine(waiting_order: &str, on_overload: &str) -> Meridian {
     let config = format!(
         r#"{{"aging_ms": 1e9, "starvation_ms": 1e9, "overload": {{"fcfs_slack_ttft_factor": 0, "waiting_order": "{waiting_order}",
             "min_success_probability": 0.001}},
@@ -1146,32 +1156,25 @@ fn ordering_engine_with(waiting_order: &str, on_overload: &str) -> Meridian {
     engine_with(Config::from_json(&config).unwrap())
 }
 
+/// Same arrival, same class: the 2,000-token prompt has the less slack (its prefill).
+const SHORT_AND_LONG: [(&str, f64, usize); 2] = [("short", 0.0, 16), ("long", 0.0, 2000)];
+
 #[test]
 fn value_density_puts_the_cheaper_of_two_equally_likely_requests_first() {
-    // Same arrival, same class: the 2,000-token prompt has the less slack (its prefill), so the
-    // slack order runs it first; per millisecond of engine time the 16-token one is worth more.
-    for (order, expected) in [("slack", vec![1, 0]), ("value_density", vec![0, 1])] {
-        let mut core = ordering_engine(order);
-        let short = add(&mut core, "short", 0.0, 16);
-        let long = add(&mut core, "long", 0.0, 2000);
-        let plan = core.plan_step(0.0, &[], &[short, long], 1000).unwrap();
-        assert_eq!(plan.waiting_order, expected, "{order}");
-    }
+    // The slack order runs the long prompt first; per ms of engine time the short one is worth more.
+    assert_eq!(waiting_order_of("slack", "shed", &SHORT_AND_LONG, 0.0), vec![1, 0]);
+    assert_eq!(waiting_order_of("value_density", "shed", &SHORT_AND_LONG, 0.0), vec![0, 1]);
 }
 
 #[test]
 fn value_density_puts_the_likelier_of_two_equally_costly_requests_first() {
     // Same prompt: at 100 s the older request has 20 s left for its thinking, the younger 80 s.
     // The slack order runs the older first; its chance of thinking within 20 s is the smaller.
-    for (order, expected) in [("slack", vec![0, 1]), ("value_density", vec![1, 0])] {
-        let mut core = ordering_engine(order);
-        let older = add(&mut core, "older", 0.0, 16);
-        let younger = add(&mut core, "younger", 60_000.0, 16);
-        let plan = core.plan_step(100_000.0, &[], &[older, younger], 1000).unwrap();
-        assert_eq!(plan.waiting_order, expected, "{order}");
-    }
+    let requests = [("older", 0.0, 16), ("younger", 60_000.0, 16)];
+    assert_eq!(waiting_order_of("slack", "shed", &requests, 100_000.0), vec![0, 1]);
+    assert_eq!(waiting_order_of("value_density", "shed", &requests, 100_000.0), vec![1, 0]);
     // The probabilities behind it, from the class's thinking distribution (the prior's).
-    let mut core = ordering_engine("value_density");
+    let mut core = ordering_engine("value_density", "shed");
     let h = add(&mut core, "probe", 0.0, 16);
     core.plan_step(0.0, &[], &[h], 1000).unwrap();
     let step_ms = core.last_decode_step_ms;
@@ -1183,15 +1186,11 @@ fn value_density_puts_the_likelier_of_two_equally_costly_requests_first() {
 fn value_density_is_the_default_and_leaves_queueing_classes_in_slack_order() {
     assert_eq!(Config::default().overload.waiting_order, WaitingOrder::ValueDensity);
     // The cheaper-first case above, in a class whose late requests queue: slack order.
-    let mut core = ordering_engine_with("value_density", "queue");
-    let short = add(&mut core, "short", 0.0, 16);
-    let long = add(&mut core, "long", 0.0, 2000);
-    let plan = core.plan_step(0.0, &[], &[short, long], 1000).unwrap();
-    assert_eq!(plan.waiting_order, vec![1, 0]);
+    assert_eq!(waiting_order_of("value_density", "queue", &SHORT_AND_LONG, 0.0), vec![1, 0]);
 }
 
 #[test]
 fn the_waiting_order_key_is_validated_by_name() {
     let err = Config::from_json(r#"{"overload": {"waiting_order": "fastest"}}"#).unwrap_err().to_string();
-    assert!(err.contains("waiting_order") || err.contains("fastest"), "{err}");
+    assert!(err.contains("fastest") && err.contains("value_density"), "{err}");
 }
