@@ -9,7 +9,14 @@
 //! step shapes excite the features poorly (long stretches without prompt tokens, decode count
 //! and context moving together), and where the data says nothing the seed stands instead of the
 //! estimate drifting (plain recursive least squares with forgetting winds up there and then
-//! diverges by orders of magnitude on an ordinary step). Invariant: the coefficients used for
+//! diverges by orders of magnitude on an ordinary step). The budget inverts the model with the
+//! larger of the fitted prompt-token cost and the cost per token last seen on a long prompt
+//! chunk: a step's time is not linear in its prompt tokens (small chunks ride on the weight reads
+//! a decode step does anyway, long ones are compute-bound), so a fit over mostly decode steps
+//! prices a prompt token at next to nothing and the budget it inverts to is a chunk several times
+//! the target (measured: 227 ms steps against a 90 ms target, stalling every answer stream in
+//! them); predictions price prompt tokens the same way, so a prefill or a step in flight is not
+//! judged shorter than it will take. Invariant: the coefficients used for
 //! prediction are finite, all are ≥ 0 and `per_prefill_token` > 0, so every budget is finite; a
 //! fit outside that is clamped, and an update that cannot be solved is skipped.
 
@@ -20,6 +27,12 @@ const N: usize = 4;
 /// Feature scales keep the least-squares problem well conditioned: prompt tokens in thousands,
 /// decode requests in hundreds, context in hundreds of thousands.
 const SCALES: [f64; N] = [1.0, 1.0e-3, 1.0e-2, 1.0e-5];
+/// Prompt tokens from which a step counts as a long chunk: its time per prompt token (net of
+/// what the fit predicts for its decodes and context) is the compute-bound cost the budget
+/// inverts with (on an H200 the weight reads hide the compute of ~130 prompt tokens).
+pub const LONG_CHUNK_TOKENS: u32 = 256;
+/// Weight of the newest long chunk in the running mean of their per-token cost.
+const LONG_CHUNK_WEIGHT: f64 = 0.2;
 /// Smallest per-prefill-token cost the fit may reach (ms): keeps budgets finite.
 const MIN_PER_PREFILL_TOKEN_MS: f64 = 1.0e-6;
 /// Weight of the seed in the fit, in (scaled) observations per direction: directions the data
@@ -85,6 +98,9 @@ pub struct StepTimeModel {
     forgetting: f64,
     online_fit: bool,
     num_samples: u64,
+    /// Running mean of the time per prompt token of long chunks ([`LONG_CHUNK_TOKENS`]), net of
+    /// the rest of their step; 0 until one is seen.
+    long_chunk_ms_per_token: f64,
 }
 
 impl StepTimeModel {
@@ -105,6 +121,7 @@ impl StepTimeModel {
             forgetting: profile.forgetting,
             online_fit: profile.online_fit,
             num_samples: 0,
+            long_chunk_ms_per_token: 0.0,
         }
     }
 
@@ -122,7 +139,7 @@ impl StepTimeModel {
     pub fn predict_ms(&self, shape: StepShape) -> f64 {
         let c = self.coefficients;
         c.base_ms
-            + c.per_prefill_token_ms * f64::from(shape.num_prefill_tokens)
+            + self.prefill_ms_per_token() * f64::from(shape.num_prefill_tokens)
             + c.per_decode_request_ms * f64::from(shape.num_decode_requests)
             + c.per_context_token_ms * shape.num_context_tokens as f64
     }
@@ -135,7 +152,35 @@ impl StepTimeModel {
         if room_ms <= 0.0 {
             return 0;
         }
-        (room_ms / self.coefficients.per_prefill_token_ms).floor().min(f64::from(u32::MAX)) as u32
+        (room_ms / self.prefill_ms_per_token()).floor().min(f64::from(u32::MAX)) as u32
+    }
+
+    /// What a prompt token is taken to cost, in predictions and in the budget: the larger of
+    /// the fitted cost and the long chunks' own (which overprices the few tokens a short chunk
+    /// adds by a fraction of a millisecond; underpricing a long one stalls every answer).
+    #[inline]
+    fn prefill_ms_per_token(&self) -> f64 {
+        self.coefficients.per_prefill_token_ms.max(self.long_chunk_ms_per_token)
+    }
+
+    /// The running mean time per prompt token of long chunks (ms), net of the rest of their
+    /// steps; 0 until one is seen.
+    pub fn long_chunk_ms_per_token(&self) -> f64 {
+        self.long_chunk_ms_per_token
+    }
+
+    fn observe_long_chunk(&mut self, sample: StepSample) {
+        if sample.shape.num_prefill_tokens < LONG_CHUNK_TOKENS {
+            return;
+        }
+        let rest_ms = self.predict_ms(StepShape { num_prefill_tokens: 0, ..sample.shape });
+        let per_token_ms =
+            (sample.duration_ms - rest_ms).max(0.0) / f64::from(sample.shape.num_prefill_tokens);
+        self.long_chunk_ms_per_token = if self.long_chunk_ms_per_token > 0.0 {
+            (1.0 - LONG_CHUNK_WEIGHT) * self.long_chunk_ms_per_token + LONG_CHUNK_WEIGHT * per_token_ms
+        } else {
+            per_token_ms
+        };
     }
 
     /// Folds one observed step in and re-solves the fit.
@@ -143,6 +188,9 @@ impl StepTimeModel {
         if !(self.online_fit && sample.duration_ms.is_finite() && sample.duration_ms >= 0.0) {
             return;
         }
+        // Before the fit takes this step in: its net time is judged against what the model
+        // predicted for the rest of it.
+        self.observe_long_chunk(sample);
         let x = sample.shape.features();
         let lambda = self.forgetting;
         let gram: [[f64; N]; N] =
@@ -274,6 +322,37 @@ mod tests {
         let decode = shape(0, 19, 38_000);
         let err = (m.predict_ms(decode) - truth(decode)).abs() / truth(decode);
         assert!(err < 0.05, "decode prediction off by {err}");
+    }
+
+    #[test]
+    fn the_budget_prices_prompt_tokens_at_what_long_chunks_cost() {
+        // A roofline step: 5 ms of weight reads hide the compute of 200 prompt tokens at
+        // 0.025 ms each; past that every prompt token costs its compute. A few long chunks,
+        // then a long stretch of decode steps with short chunks, where prompt tokens are free
+        // (the fit forgets the long ones and drifts, as it did on the Mooncake trace).
+        let truth = |s: StepShape| {
+            (0.025 * f64::from(s.num_prefill_tokens)).max(5.0) + 0.01 * f64::from(s.num_decode_requests)
+        };
+        let mut m = StepTimeModel::new(&profile(true));
+        for i in 0..1_000u32 {
+            let prefill = if i < 5 { 4_000 } else { i % 200 };
+            let s = shape(prefill, 16, 0);
+            m.observe(StepSample { shape: s, duration_ms: truth(s) });
+        }
+        // The fit prices a prompt token well below its compute-bound cost; a 90 ms target
+        // inverted with it would be a chunk that takes far longer.
+        let fitted = m.coefficients().per_prefill_token_ms;
+        assert!(fitted < 0.0125, "fitted {fitted}");
+        let chunk = m.long_chunk_ms_per_token();
+        assert!((chunk - 0.025).abs() < 0.003, "long chunks {chunk}");
+        let decodes = shape(0, 16, 0);
+        let tokens = m.prefill_tokens_within(90.0, decodes);
+        let step_ms = truth(shape(tokens, 16, 0));
+        assert!((80.0..=95.0).contains(&step_ms), "{tokens} tokens take {step_ms} ms");
+        // Short chunks alone never set it.
+        let mut short = StepTimeModel::new(&profile(true));
+        short.observe(StepSample { shape: shape(LONG_CHUNK_TOKENS - 1, 16, 0), duration_ms: 50.0 });
+        assert_eq!(short.long_chunk_ms_per_token(), 0.0);
     }
 
     #[test]
