@@ -696,7 +696,10 @@ class OfflineEngine:
             prompt_token_ids=list(offline.prompt_token_ids),
             sampling_params=params,
             pooling_params=None,
-            arrival_time=self.now_ms / 1000.0,
+            # vLLM's frontend stamps the arrival when the request reaches the server; the
+            # engine core sees it only at its next step boundary (now), so deadlines run from
+            # the trace's arrival, as the replay's metrics do.
+            arrival_time=offline.arrival_ms / 1000.0,
             priority=offline.priority,
             block_hasher=get_request_block_hasher(self.scheduler.block_size, sha256),
         )

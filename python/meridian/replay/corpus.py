@@ -291,6 +291,10 @@ class Job:
         payload = {"scenario": asdict(self.scenario), "rate": round(self.rate, 9), "policy": self.policy,
                    "config": self.config(), "core": core_build if runs_core else None,
                    "v": RESULT_VERSION if runs_core else STOCK_RESULT_VERSION}
+        if POLICIES[self.policy].vllm_policy != "fcfs":
+            # vLLM's priority queue orders by arrival stamp, which now comes from the trace
+            # (it was the step the engine added the request at); its FCFS queue never reads it.
+            payload["arrival_stamp"] = "trace"
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:24]
 
 
