@@ -15,7 +15,7 @@ use serde::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::predictor::LearningRate;
-use crate::slo::{ClassId, OnOverload, SloClass, SloTargets, WaitingOrder};
+use crate::slo::{ClassId, OnOverload, ShedUntil, SloClass, SloTargets, WaitingOrder};
 use crate::thinking::ThinkingControl;
 
 /// What happens to the KV blocks of a finished reasoning request from the start of its reasoning on.
@@ -297,6 +297,7 @@ struct RawOverload {
     degrade_margin_ms: Option<f64>,
     on_overload: Option<OnOverload>,
     waiting_order: Option<WaitingOrder>,
+    shed_until: Option<ShedUntil>,
 }
 
 /// How the policy judges and triages work that does not fit (key `overload`). A request's
@@ -331,6 +332,9 @@ pub struct Overload {
     /// How requests between those two bands are ordered within a class rank (default
     /// `value_density`, in `shed` classes).
     pub waiting_order: WaitingOrder,
+    /// How long after arrival a late request of a `shed` class may still be shed (default
+    /// `ttft`: only while its client would hear it within its class's TTFT target).
+    pub shed_until: ShedUntil,
 }
 
 impl Default for Overload {
@@ -343,6 +347,7 @@ impl Default for Overload {
             tpot_guard: true,
             degrade_margin_ms: 500.0,
             waiting_order: WaitingOrder::default(),
+            shed_until: ShedUntil::default(),
         }
     }
 }
@@ -686,6 +691,7 @@ fn validate_overload(raw: RawOverload) -> Result<Overload> {
             raw.degrade_margin_ms.unwrap_or(defaults.degrade_margin_ms),
         )?,
         waiting_order: raw.waiting_order.unwrap_or(defaults.waiting_order),
+        shed_until: raw.shed_until.unwrap_or(defaults.shed_until),
     })
 }
 
@@ -900,6 +906,7 @@ mod tests {
             (r#"{"overload": {"min_success_probability": 1.5}}"#, "overload.min_success_probability"),
             (r#"{"overload": {"degrade_margin_ms": -1}}"#, "overload.degrade_margin_ms"),
             (r#"{"overload": {"fcfs_slack_ttft_factor": "x"}}"#, "overload.fcfs_slack_ttft_factor"),
+            (r#"{"overload": {"shed_until": "never"}}"#, "overload.shed_until"),
             (r#"{"overload": {"spare": 1}}"#, "overload.spare"),
         ] {
             let err = Config::from_json(json).unwrap_err().to_string();

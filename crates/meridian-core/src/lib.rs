@@ -58,7 +58,7 @@ pub use scheduler::{
     parse_shed_notice, ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Meridian, NewRequest,
     Preemption, ReqHandle, SchedulerStats, Shed, ShedNotice, ShedReason, StepPlan, SHED_MARKER,
 };
-pub use slo::{ClassId, OnOverload, SloClass, SloTargets, WaitingOrder, CLASS_ARG};
+pub use slo::{ClassId, OnOverload, ShedUntil, SloClass, SloTargets, WaitingOrder, CLASS_ARG};
 pub use step_model::{StepCoefficients, StepShape};
 pub use thinking::{
     Boundaries, Boundary, ClosingPolicy, EatRule, EatSignal, FiredAt, IgnoredInputs, LoadAwareBudget,

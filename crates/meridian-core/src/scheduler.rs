@@ -430,6 +430,9 @@ pub struct Meridian {
     /// plan saw it (and how long a shed client waits for its notice, at the most): the step in
     /// flight, which may be as long as the step budget allows, then decode steps.
     queued_lead_ms: f64,
+    /// The longest the step this plan schedules may take (its budget's worth of prompt chunks
+    /// with every running decode): how much later than this plan the next one can come.
+    longest_step_ms: f64,
     /// How fast requests get their first token: the rate at which the queue drains (the
     /// saturation gauge reads it).
     start_rate: load::RateMeter,
@@ -499,6 +502,7 @@ impl Meridian {
             degrades: false,
             last_decode_step_ms: 0.0,
             queued_lead_ms: 0.0,
+            longest_step_ms: 0.0,
             start_rate: load::RateMeter::default(),
             class_triage,
             fresh_think_viable_tokens: vec![0.0; class_table.len()],
@@ -680,7 +684,8 @@ impl Meridian {
         let decode_step_ms = self.step_model.predict_ms(load.decodes());
         self.last_decode_step_ms = decode_step_ms;
         let token_budget = self.token_budget(&load);
-        self.queued_lead_ms = self.queued_lead_ms(&load, !running.is_empty(), token_budget, decode_step_ms);
+        self.longest_step_ms = self.longest_step_ms(&load, !running.is_empty(), token_budget, decode_step_ms);
+        self.queued_lead_ms = self.longest_step_ms + (overload::QUEUED_LEAD_STEPS - 1.0) * decode_step_ms;
         let candidates = self.judge(now_ms, running, waiting, decode_step_ms);
         let shed = self.triage(running, waiting, num_free_blocks, candidates);
         let end_thinking = self.degrade(now_ms, running, decode_step_ms);
@@ -704,6 +709,9 @@ impl Meridian {
             running.len().saturating_sub(preempt.len() + shed_seats),
             &load,
         );
+        let tokens_left = self.tokens_left_for_waiting(running, token_budget);
+        let shed =
+            self.shed_the_unadmitted(now_ms, waiting, &waiting_order, num_admissible, tokens_left, shed);
         let prefetch = self.prefetch(waiting, &waiting_order, num_admissible);
         let held = self.paced_out(now_ms, running, decode_step_ms);
         self.num_thinking_in_step = running.len() as u32 - load.num_answering;

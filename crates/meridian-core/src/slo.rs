@@ -77,6 +77,23 @@ pub enum WaitingOrder {
     ValueDensity,
 }
 
+/// How long after its arrival a request of a `shed` class may still be shed (key
+/// `overload.shed_until`): past it, a late request runs on as under `queue`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShedUntil {
+    /// While its client would still hear the shed by the class's TTFT target (the plan's lead
+    /// to the client counted): a client learns its fate within the time it was promised a first
+    /// token, early enough to retry elsewhere. A request that turns late after that — a
+    /// thinking one whose reasoning runs long — is served to its end. The default (see the
+    /// README's overload section for the measured cost in requests meeting every target).
+    #[default]
+    Ttft,
+    /// Until it starts answering: a thinking request is ended whenever it turns late, at the
+    /// latest around its TTFAT deadline, long after its client was promised a first token.
+    Ttfat,
+}
+
 impl OnOverload {
     /// The name the configuration uses.
     pub const fn name(self) -> &'static str {

@@ -5,7 +5,8 @@
 //! has thought, [`crate::predictor::Quantile::Viable`]) and, before its first token, its prefill
 //! fits before the TTFT deadline. A late request of a `shed` class is ended early: the plan lists
 //! it with the target it can no longer meet ([`Shed`]), the core marks it, and its finish is
-//! recorded as shed. A thinking request of a `degrade` class has its reasoning ended when only
+//! recorded as shed — for its TTFAT only while its client would hear it by the class's TTFT
+//! target (`overload.shed_until`), after which it runs on as under `queue`. A thinking request of a `degrade` class has its reasoning ended when only
 //! the closing margin is left before its TTFAT deadline (the thinking is capped to what fits),
 //! once a worker that can end it is attached. Invariants: an answering request is never shed,
 //! nor an internal probe; a request is listed at most once (a shed one stays marked until vLLM
@@ -16,7 +17,7 @@ use super::{Hot, Meridian, ReqHandle};
 use crate::error::Result;
 use crate::phase::Phase;
 use crate::predictor::Quantile;
-use crate::slo::{OnOverload, SloTargets};
+use crate::slo::{OnOverload, ShedUntil, SloTargets};
 
 /// Decode steps kept before a degraded request's TTFAT deadline for its closing sequence (the
 /// closing text and the end marker) and the step in flight.
@@ -122,11 +123,12 @@ impl Meridian {
         })
     }
 
-    /// [`QUEUED_LEAD_STEPS`] in milliseconds for this plan: the step in flight — with requests
-    /// running, at the longest the budget allows (`token_budget` tokens: their decodes and
-    /// prompt chunks) — then decode steps. A step of prompt chunks lasts many decode steps, and
-    /// counting it as one told shed clients their fate up to a step after their deadline.
-    pub(super) fn queued_lead_ms(
+    /// The longest a step may take this plan: with requests running, the budget's worth
+    /// (`token_budget` tokens: their decodes and prompt chunks), else a decode step. The step in
+    /// flight is one such step, which is why [`QUEUED_LEAD_STEPS`] counts it at this length: a
+    /// step of prompt chunks lasts many decode steps, and counting it as one told shed clients
+    /// their fate up to a step after their deadline.
+    pub(super) fn longest_step_ms(
         &self,
         load: &super::RunningLoad,
         any_running: bool,
@@ -135,12 +137,11 @@ impl Meridian {
     ) -> f64 {
         let mut longest = load.decodes();
         longest.num_prefill_tokens = token_budget.saturating_sub(longest.num_decode_requests);
-        let in_flight_ms = if any_running {
+        if any_running {
             self.step_model.predict_ms(longest).max(decode_step_ms)
         } else {
             decode_step_ms
-        };
-        in_flight_ms + (QUEUED_LEAD_STEPS - 1.0) * decode_step_ms
+        }
     }
 
     /// The target the request would miss, judged with `step_ms` per decode step, or `None` while
@@ -213,7 +214,8 @@ impl Meridian {
                     && !r.shed
                     && !r.has_answered
                     && r.phase != Phase::Answer
-                    && self.class_triage[r.class.index()] == OnOverload::Shed;
+                    && self.class_triage[r.class.index()] == OnOverload::Shed
+                    && self.within_shed_window(now_ms, r, reason);
                 if sheddable {
                     let shed = Shed { running: in_running, index: i as u32, reason };
                     let started = in_running || r.has_started || r.preempted;
@@ -227,6 +229,21 @@ impl Meridian {
         }
         self.judgements = judgements;
         candidates
+    }
+
+    /// Whether a late request may still be shed (`overload.shed_until`): under `ttft`, a TTFAT
+    /// shed only while its client would hear it (the plan's lead to the client) by the class's
+    /// TTFT target; past that the request runs on as under `queue`. A TTFT shed always: it is
+    /// judged that lead ahead of the deadline, so its client hears it around the deadline, and
+    /// a request skipped between two plans would otherwise wait on for nothing.
+    #[inline(always)]
+    fn within_shed_window(&self, now_ms: f64, r: &Hot, reason: ShedReason) -> bool {
+        match (self.config.overload.shed_until, reason) {
+            (ShedUntil::Ttfat, _) | (_, ShedReason::Ttft) => true,
+            (ShedUntil::Ttft, ShedReason::Ttfat) => {
+                now_ms + self.queued_lead_ms <= r.arrival_ms + self.targets(r.class).ttft_ms
+            }
+        }
     }
 
     /// This plan's judgement of a listed request: the target it would miss, if any.
@@ -262,21 +279,81 @@ impl Meridian {
         }
         out.extend(fresh.into_iter().filter(|s| contended || s.reason == ShedReason::Ttft));
         out.sort_by_key(|s| (!s.running, s.index));
-        for s in &out {
-            let h = if s.running { running[s.index as usize] } else { waiting[s.index as usize] };
-            if let Some(r) = self.slots[h.slot()].request.as_mut() {
-                if r.probe {
-                    continue;
-                }
-                r.shed = Some(s.reason);
-            }
-            self.refresh_hot(h);
-        }
         out.retain(|s| {
             let h = if s.running { running[s.index as usize] } else { waiting[s.index as usize] };
-            self.hot(h).shed
+            self.mark_shed(h, s.reason)
         });
         out
+    }
+
+    /// The waiting requests of `shed` classes this plan leaves waiting that the next plan could
+    /// no longer start by their TTFT deadline: shed now, added to `shed`. The judgement before
+    /// admission asks whether a request could start if admitted now; one left waiting is next
+    /// admitted a step later, and judged only then it would be shed — and its client told —
+    /// after its deadline (measured: TTFT notices up to 19 % past a 1 s target on the corpus).
+    /// Left waiting are those past `num_admissible` and those vLLM will find no tokens for: of
+    /// `tokens_left` ([`Self::tokens_left_for_waiting`]) each waiting request in order takes up
+    /// to its prompt.
+    pub(super) fn shed_the_unadmitted(
+        &mut self,
+        now_ms: f64,
+        waiting: &[ReqHandle],
+        order: &[u32],
+        num_admissible: u32,
+        mut tokens_left: u64,
+        mut shed: Vec<Shed>,
+    ) -> Vec<Shed> {
+        if !self.any_shed_class {
+            return shed;
+        }
+        let num_before = shed.len();
+        for (position, &i) in order.iter().enumerate() {
+            let h = waiting[i as usize];
+            let r = self.hot(h);
+            if position < num_admissible as usize && tokens_left > 0 {
+                tokens_left = tokens_left.saturating_sub(u64::from(r.num_tokens));
+                continue;
+            }
+            let candidate = !r.shed
+                && !r.has_started
+                && !r.preempted
+                && self.class_triage[r.class.index()] == OnOverload::Shed;
+            if !candidate {
+                continue;
+            }
+            let next_start_ms = now_ms + self.longest_step_ms;
+            let first_token_ms = next_start_ms + self.prefill_ms(r.num_tokens) + self.queued_lead_ms;
+            if first_token_ms > r.arrival_ms + self.targets(r.class).ttft_ms
+                && self.mark_shed(h, ShedReason::Ttft)
+            {
+                shed.push(Shed { running: false, index: i, reason: ShedReason::Ttft });
+            }
+        }
+        if shed.len() > num_before {
+            shed.sort_by_key(|s| (!s.running, s.index));
+        }
+        shed
+    }
+
+    /// What vLLM leaves of the step's `token_budget` to waiting requests: it serves the running
+    /// ones first, every decode and then the rest of the prompts still prefilling (taken here at
+    /// their whole length: the core does not see how far their prefill got).
+    pub(super) fn tokens_left_for_waiting(&self, running: &[ReqHandle], token_budget: u32) -> u64 {
+        running.iter().fold(u64::from(token_budget), |left, &h| {
+            let r = self.hot(h);
+            left.saturating_sub(if r.has_started { 1 } else { u64::from(r.num_tokens) })
+        })
+    }
+
+    /// Marks a request shed for `reason`; false for an internal probe, which is never shed.
+    fn mark_shed(&mut self, handle: ReqHandle, reason: ShedReason) -> bool {
+        let Some(r) = self.slots[handle.slot()].request.as_mut() else { return false };
+        if r.probe {
+            return false;
+        }
+        r.shed = Some(reason);
+        self.refresh_hot(handle);
+        true
     }
 
     /// A worker that can end a request's thinking is attached (the logits processor; the replay's
@@ -347,9 +424,14 @@ mod tests {
     /// One class `c` with TTFT 1 s and TTFAT 10 s under `mode`; its thinking prior is 200 tokens
     /// (so with the 10 ms step a fresh request needs ~2 s of its 10).
     fn engine(mode: &str) -> Meridian {
+        engine_with(mode, 10_000, "{}")
+    }
+
+    /// [`engine`] with another TTFAT target and `overload` block.
+    fn engine_with(mode: &str, ttfat_ms: u32, overload: &str) -> Meridian {
         core(&format!(
-            r#"{{{STEPS}, "classes": {{"c": {{"ttft_ms": 1000, "ttfat_ms": 10000, "answer_tpot_ms": 50,
-                "rank": 0, "on_overload": "{mode}"}}}}, "default_class": "c",
+            r#"{{{STEPS}, "classes": {{"c": {{"ttft_ms": 1000, "ttfat_ms": {ttfat_ms}, "answer_tpot_ms": 50,
+                "rank": 0, "on_overload": "{mode}"}}}}, "default_class": "c", "overload": {overload},
                 "think_tokens_prior": [200], "answer_tokens_prior": [20]}}"#
         ))
     }
@@ -391,6 +473,50 @@ mod tests {
     }
 
     #[test]
+    fn a_request_left_waiting_is_shed_when_the_next_plan_could_not_start_it_in_time() {
+        // Two 101-token prompts (111 ms prefill each; three 10 ms steps of lead) and KV room
+        // for one; b arrived at 1 ms (deadline 1,001). At 855 ms a's first token could come at
+        // 996 ms, in time. b is next admitted a step later at the earliest (865 ms), its first
+        // token at 1,006 ms: late, so it is shed now — at the next plan its client would hear
+        // only after its deadline. At 700 ms it would still be in time then.
+        let mut core = engine("shed");
+        let a = add(&mut core, "a", 0.0, 100);
+        let b = add(&mut core, "b", 1.0, 100);
+        let plan = core.plan_step(700.0, &[], &[a, b], 7).unwrap();
+        assert_eq!((plan.num_admissible, plan.shed.len()), (1, 0), "at 700 ms the next plan is in time");
+        let plan = core.plan_step(855.0, &[], &[a, b], 7).unwrap();
+        assert_eq!(plan.num_admissible, 1);
+        assert_eq!(plan.waiting_order[0], 0, "the older one is admitted");
+        let listed: Vec<_> = plan.shed.iter().map(|s| (s.running, s.index, s.reason)).collect();
+        assert_eq!(listed, [(false, 1, ShedReason::Ttft)]);
+        assert_eq!(core.stats().num_shed, 1);
+        // Under `queue` it waits on.
+        let mut queued = engine("queue");
+        let a = add(&mut queued, "a", 0.0, 100);
+        let b = add(&mut queued, "b", 1.0, 100);
+        assert!(queued.plan_step(855.0, &[], &[a, b], 7).unwrap().shed.is_empty());
+    }
+
+    #[test]
+    fn a_request_vllm_finds_no_tokens_for_counts_as_left_waiting() {
+        // A running 3,000-token prompt still prefilling takes the whole step budget, so vLLM
+        // schedules none of the waiting request's prompt although the KV cache has room. With
+        // a request running the lead is 132.5 ms and so is the longest step: admitted now,
+        // the 101-token prompt is in time until 756.5 ms; admitted at the next plan, until
+        // 644 ms. At 700 ms it is shed; at 600 ms it waits.
+        for (now_ms, shed) in [(600.0, false), (700.0, true)] {
+            let mut core = engine("shed");
+            let prefilling = add(&mut core, "prefilling", 0.0, 3_000);
+            let a = add(&mut core, "a", 0.0, 100);
+            let plan = core.plan_step(now_ms, &[prefilling], &[a], 1_000).unwrap();
+            assert_eq!(plan.num_admissible, 1, "{now_ms}: the KV cache has room");
+            let listed: Vec<_> = plan.shed.iter().map(|s| (s.running, s.index, s.reason)).collect();
+            let expected: &[_] = if shed { &[(false, 0, ShedReason::Ttft)] } else { &[] };
+            assert_eq!(listed, expected, "{now_ms}");
+        }
+    }
+
+    #[test]
     fn the_step_in_flight_counts_at_the_length_the_budget_allows() {
         // With a request running, the step in flight may carry prompt chunks up to the budget:
         // nobody answers, so it aims at 2.5 × 0.9 × the 50 ms TPOT target = 112.5 ms. The lead is
@@ -409,7 +535,8 @@ mod tests {
 
     #[test]
     fn a_thinker_that_cannot_answer_in_time_is_shed_for_ttfat_but_an_answering_one_never() {
-        let mut core = engine("shed");
+        // Shed until it answers: the thinker turns late long after its TTFT target.
+        let mut core = engine_with("shed", 10_000, r#"{"shed_until": "ttfat"}"#);
         let thinker = add(&mut core, "thinker", 0.0, 10);
         let answerer = add(&mut core, "answerer", 0.0, 10);
         core.on_tokens(100.0, thinker, &[WORD; 50]).unwrap();
@@ -427,6 +554,26 @@ mod tests {
         let listed: Vec<_> = plan.shed.iter().map(|s| (s.running, s.index, s.reason)).collect();
         assert_eq!(listed, [(true, 0, ShedReason::Ttfat)]);
         assert_eq!(*plan.running_order.last().unwrap(), 0, "the shed thinker goes last");
+    }
+
+    #[test]
+    fn by_default_a_thinker_is_shed_only_while_its_client_would_hear_it_by_its_ttft_target() {
+        // TTFAT 1.5 s: with the 10 ms step and a 200-token thinking prior a thinker that has
+        // thought 5 tokens needs about 2 s more, so it is late from the start. The KV cache has
+        // no room for the newcomer, so late work makes way. The lead to the client is 132.5 ms
+        // (the budget-long step in flight and two decode steps): the window closes at 867.5 ms.
+        for (shed_until, shed_after_window) in [("ttft", false), ("ttfat", true)] {
+            let mut core = engine_with("shed", 1_500, &format!(r#"{{"shed_until": "{shed_until}"}}"#));
+            let thinker = add(&mut core, "thinker", 0.0, 10);
+            core.on_tokens(100.0, thinker, &[WORD; 5]).unwrap();
+            let late_at = |core: &mut Meridian, now_ms: f64| {
+                let newcomer = add(core, &format!("newcomer-{now_ms}"), now_ms, 10);
+                let plan = core.plan_step(now_ms, &[thinker], &[newcomer], 0).unwrap();
+                plan.shed.iter().any(|s| (s.running, s.index, s.reason) == (true, 0, ShedReason::Ttfat))
+            };
+            assert!(late_at(&mut core.clone(), 865.0), "{shed_until}: within the window");
+            assert_eq!(late_at(&mut core, 875.0), shed_after_window, "{shed_until}: past the window");
+        }
     }
 
     #[test]

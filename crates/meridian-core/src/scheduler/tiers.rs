@@ -39,7 +39,10 @@ impl Meridian {
             .take(window)
             .copied()
             .filter(|&i| {
-                self.slots[waiting[i as usize].slot()].request.as_ref().is_some_and(|r| !r.prefetched)
+                self.slots[waiting[i as usize].slot()]
+                    .request
+                    .as_ref()
+                    .is_some_and(|r| !r.prefetched && r.shed.is_none())
             })
             .collect()
     }
