@@ -102,7 +102,9 @@ def main() -> None:
     llm = LLM(model=args.model, dtype="float32", enforce_eager=True, max_model_len=512, block_size=BLOCK_TOKENS,
               kv_cache_memory_bytes=args.kv_cache_blocks * BLOCK_TOKENS * KV_BYTES_PER_TOKEN, seed=0,
               scheduler_cls=args.scheduler_cls, kv_transfer_config=kv_transfer_config(args.host_tier),
-              additional_config={"meridian": args.meridian},
+              # Classes queue: the tokens are compared with another engine's, and under `shed` a
+              # request waiting past its TTFT target on a busy machine would be ended early.
+              additional_config={"meridian": {"overload": {"on_overload": "queue"}, **args.meridian}},
               reasoning_parser="deepseek_r1" if args.reasoning else None)
     rng = random.Random(3)
     tail = [THINK_START] if args.reasoning else []
