@@ -332,8 +332,9 @@ pub struct Overload {
     /// How requests between those two bands are ordered within a class rank (default
     /// `value_density`, in `shed` classes).
     pub waiting_order: WaitingOrder,
-    /// How long after arrival a late request of a `shed` class may still be shed (default
-    /// `ttft`: only while its client would hear it within its class's TTFT target).
+    /// How long after arrival a late request of a `shed` class may still be shed for its TTFAT
+    /// (default `ttfat`: until it answers; `ttft`: only while its client would hear it within
+    /// its class's TTFT target).
     pub shed_until: ShedUntil,
 }
 

@@ -912,8 +912,26 @@ impl Meridian {
         self.order_by(
             running,
             #[inline(always)]
-            |core, h| core.running_key(now_ms, h, step_ms),
+            |core, h| core.running_step_key(now_ms, h, step_ms),
         )
+    }
+
+    /// [`Self::running_key`] for the step being scheduled: a request computing its tokens again
+    /// after a preemption (none has come since) goes after the requests of its phase that
+    /// decode — an answering one after the decoding answers, a thinking one after every decode —
+    /// and before new prompts, more sunk work first. vLLM gives the step's budget to the running
+    /// requests in this order, each up to what it still has to compute: ahead of them, a
+    /// recompute took the whole budget for step after step and left every answer without its
+    /// token (measured: 308 ms answer gaps, 7 stalls on a Mooncake scenario).
+    #[inline(always)]
+    fn running_step_key(&self, now_ms: f64, handle: ReqHandle, step_ms: f64) -> OrderKey {
+        let r = self.hot(handle);
+        if self.config.policy == Policy::Meridian && r.preempted && !r.shed {
+            let more_sunk_first = u64::from(u32::MAX - (r.num_tokens - self.restorable_tokens(r)));
+            let group = if r.phase == Phase::Answer { 0 } else { 2 };
+            return (group, u64::MAX, more_sunk_first);
+        }
+        self.running_key(now_ms, handle, step_ms)
     }
 
     fn order_waiting(&mut self, now_ms: f64, waiting: &[ReqHandle], step_ms: f64) -> Vec<u32> {

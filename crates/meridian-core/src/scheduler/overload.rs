@@ -5,8 +5,9 @@
 //! has thought, [`crate::predictor::Quantile::Viable`]) and, before its first token, its prefill
 //! fits before the TTFT deadline. A late request of a `shed` class is ended early: the plan lists
 //! it with the target it can no longer meet ([`Shed`]), the core marks it, and its finish is
-//! recorded as shed — for its TTFAT only while its client would hear it by the class's TTFT
-//! target (`overload.shed_until`), after which it runs on as under `queue`. A thinking request of a `degrade` class has its reasoning ended when only
+//! recorded as shed — for its TTFAT until it answers, or with `overload.shed_until: ttft` only
+//! while its client would hear it by the class's TTFT target, after which it runs on as under
+//! `queue`. A thinking request of a `degrade` class has its reasoning ended when only
 //! the closing margin is left before its TTFAT deadline (the thinking is capped to what fits),
 //! once a worker that can end it is attached. Invariants: an answering request is never shed,
 //! nor an internal probe; a request is listed at most once (a shed one stays marked until vLLM
@@ -231,7 +232,7 @@ impl Meridian {
         candidates
     }
 
-    /// Whether a late request may still be shed (`overload.shed_until`): under `ttft`, a TTFAT
+    /// Whether a late request may still be shed (`overload.shed_until`): under `ttft` a TTFAT
     /// shed only while its client would hear it (the plan's lead to the client) by the class's
     /// TTFT target; past that the request runs on as under `queue`. A TTFT shed always: it is
     /// judged that lead ahead of the deadline, so its client hears it around the deadline, and
@@ -535,8 +536,8 @@ mod tests {
 
     #[test]
     fn a_thinker_that_cannot_answer_in_time_is_shed_for_ttfat_but_an_answering_one_never() {
-        // Shed until it answers: the thinker turns late long after its TTFT target.
-        let mut core = engine_with("shed", 10_000, r#"{"shed_until": "ttfat"}"#);
+        // Shed until it answers (the default): the thinker turns late long after its TTFT target.
+        let mut core = engine("shed");
         let thinker = add(&mut core, "thinker", 0.0, 10);
         let answerer = add(&mut core, "answerer", 0.0, 10);
         core.on_tokens(100.0, thinker, &[WORD; 50]).unwrap();
@@ -557,11 +558,12 @@ mod tests {
     }
 
     #[test]
-    fn by_default_a_thinker_is_shed_only_while_its_client_would_hear_it_by_its_ttft_target() {
+    fn under_shed_until_ttft_a_thinker_is_shed_only_while_its_client_would_hear_it_in_time() {
         // TTFAT 1.5 s: with the 10 ms step and a 200-token thinking prior a thinker that has
         // thought 5 tokens needs about 2 s more, so it is late from the start. The KV cache has
         // no room for the newcomer, so late work makes way. The lead to the client is 132.5 ms
         // (the budget-long step in flight and two decode steps): the window closes at 867.5 ms.
+        assert_eq!(engine("shed").config().overload.shed_until, crate::ShedUntil::Ttfat, "the default");
         for (shed_until, shed_after_window) in [("ttft", false), ("ttfat", true)] {
             let mut core = engine_with("shed", 1_500, &format!(r#"{{"shed_until": "{shed_until}"}}"#));
             let thinker = add(&mut core, "thinker", 0.0, 10);

@@ -67,6 +67,36 @@ fn answering_requests_run_first_and_the_victim_is_thinking() {
 }
 
 #[test]
+fn a_request_computing_again_after_a_preemption_goes_after_the_decodes_of_its_phase() {
+    // Two answering and two thinking requests; one of each was preempted and is back in the
+    // running list computing its tokens again (no token since). vLLM gives the budget in the
+    // running order, each up to what it still has to compute: the recomputes come after the
+    // decodes of their phase, so no answer waits a step for its token behind one.
+    let mut core = engine();
+    let handles: Vec<_> = (0..4).map(|i| add(&mut core, &format!("r{i}"), 0.0, 32)).collect();
+    for &h in &handles {
+        think(&mut core, 10.0, h, 5);
+    }
+    for &h in &handles[..2] {
+        core.on_tokens(10.0, h, &[END, WORD]).unwrap();
+    }
+    // r0 (answering) and r2 (thinking) lose their KV and come back.
+    for &h in &[handles[0], handles[2]] {
+        core.on_preempted(20.0, h).unwrap();
+    }
+    let running = [handles[0], handles[1], handles[2], handles[3]];
+    let plan = core.plan_step(30.0, &running, &[], 1000).unwrap();
+    assert_eq!(plan.running_order, vec![1, 0, 3, 2]);
+    // Its first token back makes it a decode again.
+    core.on_tokens(40.0, handles[2], &[WORD]).unwrap();
+    core.on_tokens(40.0, handles[0], &[WORD]).unwrap();
+    let plan = core.plan_step(50.0, &running, &[], 1000).unwrap();
+    let mut leading = plan.running_order[..2].to_vec();
+    leading.sort_unstable();
+    assert_eq!(leading, [0, 1], "both answers lead");
+}
+
+#[test]
 fn requests_past_their_ttfat_deadline_drop_to_best_effort() {
     let mut core = engine();
     let late = add_class(&mut core, "late", 0.0, 16, Some("interactive"));
@@ -436,12 +466,12 @@ proptest! {
     fn random_event_streams_keep_every_invariant(ops in prop::collection::vec(op(), 1..120), triage in 0usize..3) {
         // Default targets, or targets tight enough (milliseconds) that requests turn late within
         // the stream, with one class of each triage mode (under the defaults, and under least
-        // slack with sheds until the answer).
+        // slack with sheds only while the client would hear them by its TTFT target).
         let mut core = match triage {
             0 => engine(),
             1 => engine_with(Config::from_json(TIGHT_TRIAGE).unwrap()),
             _ => {
-                let config = format!(r#"{{"overload": {{"waiting_order": "slack", "shed_until": "ttfat"}}, {}"#, &TIGHT_TRIAGE[1..]);
+                let config = format!(r#"{{"overload": {{"waiting_order": "slack", "shed_until": "ttft"}}, {}"#, &TIGHT_TRIAGE[1..]);
                 engine_with(Config::from_json(&config).unwrap())
             }
         };
