@@ -709,9 +709,13 @@ impl Meridian {
             running.len().saturating_sub(preempt.len() + shed_seats),
             &load,
         );
-        let tokens_left = self.tokens_left_for_waiting(running, token_budget);
-        let shed =
-            self.shed_the_unadmitted(now_ms, waiting, &waiting_order, num_admissible, tokens_left, shed);
+        // Only shed classes are judged again; the walk over the running list is skipped without.
+        let shed = if self.any_shed_class {
+            let tokens_left = self.tokens_left_for_waiting(running, token_budget);
+            self.shed_the_unadmitted(now_ms, waiting, &waiting_order, num_admissible, tokens_left, shed)
+        } else {
+            shed
+        };
         let prefetch = self.prefetch(waiting, &waiting_order, num_admissible);
         let held = self.paced_out(now_ms, running, decode_step_ms);
         self.num_thinking_in_step = running.len() as u32 - load.num_answering;

@@ -304,9 +304,6 @@ impl Meridian {
         mut tokens_left: u64,
         mut shed: Vec<Shed>,
     ) -> Vec<Shed> {
-        if !self.any_shed_class {
-            return shed;
-        }
         let num_before = shed.len();
         for (position, &i) in order.iter().enumerate() {
             let h = waiting[i as usize];
