@@ -1,22 +1,29 @@
 """Live: a shed request end to end on a real server. ``vllm serve`` (CPU build, tiny reasoning
 model) with ``--scheduler-cls meridian.vllm.MeridianScheduler``, ``--middleware
 meridian.vllm.frontend.MeridianFrontend`` and a class whose requests are shed under overload
-(``on_overload: shed``) with a TTFT target far below what a burst on two seats can meet. A burst
-of streaming and non-streaming requests: every one either completes with the model's usual answer
-or gets HTTP 503 with ``Retry-After`` and the core's notice naming its class and the TTFT target —
-within that target of its arrival, as the issue asks — never a connection error or a 500; the
-engine serves on; ``/metrics`` counts the shed requests by class and reason, exactly as many as
-the clients saw, and publishes the classes' saturation gauge."""
+(``on_overload: shed``) with a TTFT target of 400 ms. Two seat holders of the queueing class take
+both seats first and decode until the test lets them go (``ignore_eos``, thousands of tokens), so a
+burst of streaming and non-streaming requests sent once the engine's step log shows both holders
+decoding waits behind held seats by construction — not by a race against the machine's speed or
+the pace at which vLLM's API server, sharing two cores with the engine, admits requests and
+streams their tokens. Every burst request either
+completes with the model's usual answer or gets HTTP 503 with ``Retry-After`` and the core's notice
+naming its class and the TTFT target — never a connection error or a 500; the engine shed it within
+that target of its arrival (by the request log's clock) and the client heard of it soon after; the
+queueing class's request is served once the seats free up; ``/metrics`` counts the shed requests by
+class and reason, exactly as many as the clients saw, and publishes the classes' saturation
+gauge."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from meridian._core import SHED_MARKER, parse_shed_notice
@@ -28,40 +35,109 @@ from tiny_server import FIXTURE, MODEL, server_args
 
 pytestmark = pytest.mark.vllm
 
-#: `rush` sheds; its 400 ms TTFT target holds two requests' worth of prefill at most, so most of
-#: a burst on two seats cannot start in time. `calm` queues (the default) with a roomy target.
+#: `rush` sheds: a request that waits behind the held seats misses its 400 ms TTFT target. `calm`
+#: queues (the default) with a roomy target; the seat holders are `calm`, so they are never shed.
 CLASSES = {"classes": {
     "rush": {"ttft_ms": 400, "ttfat_ms": 60000, "answer_tpot_ms": 1000, "rank": 0, "on_overload": "shed"},
     "calm": {"ttft_ms": 120000, "ttfat_ms": 600000, "answer_tpot_ms": 1000, "rank": 1}},
     "default_class": "calm", "priority_map": {"0": "calm"}}
-SERVER_ARGS = server_args(kv_cache_tokens=4096, max_num_seqs=2) + [
-    "--middleware", MIDDLEWARE, "--additional-config", json.dumps({CONFIG_KEY: CLASSES})]
+#: Contexts far past the fixture's 512 positions, so the holders can decode for far longer than the
+#: burst takes to arrive: the server loads the same weights with ``max_position_embeddings`` raised
+#: (rotary positions: no weight depends on it), served under the fixture's name.
+MAX_MODEL_LEN = 8192
+SERVER_ARGS = server_args(kv_cache_tokens=2 * MAX_MODEL_LEN + 1024, max_num_seqs=2, max_model_len=MAX_MODEL_LEN) + [
+    "--served-model-name", MODEL]
 NUM_THINK, NUM_ANSWER = 40, 4
-BURST = 12
+HOLDER_TOKENS = MAX_MODEL_LEN - 64
+BURST = 10
 
 
 @pytest.fixture(scope="module")
 def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     folder = tmp_path_factory.mktemp("live-shed")
-    with VllmServer(FIXTURE, SERVER_ARGS, log_path=folder / "serve.log", cache_dir=cache_dir) as srv:
+    config = dict(CLASSES, request_log_path=str(folder / "requests.jsonl"), step_log_path=str(folder / "steps.jsonl"))
+    args = SERVER_ARGS + ["--middleware", MIDDLEWARE, "--additional-config", json.dumps({CONFIG_KEY: config})]
+    with VllmServer(long_context_model(folder / "model"), args, log_path=folder / "serve.log", cache_dir=cache_dir) as srv:
         yield srv
 
 
-def request(base_url: str, slo_class: str, stream: bool) -> tuple[float, int, dict[str, str], Any]:
-    """One chat request: (seconds from sending to the status line, status, headers, the JSON body
-    or the streamed events)."""
-    import httpx
+def long_context_model(folder: Path) -> Path:
+    """The fixture's files, linked, with a config of ``MAX_MODEL_LEN`` positions."""
+    folder.mkdir()
+    for source in FIXTURE.iterdir():
+        (folder / source.name).symlink_to(source)
+    config = json.loads((FIXTURE / "config.json").read_text())
+    (folder / "config.json").unlink()
+    (folder / "config.json").write_text(json.dumps(config | {"max_position_embeddings": MAX_MODEL_LEN}))
+    return folder
 
+
+def log_path(server: VllmServer, key: str) -> Path:
+    return Path(json.loads(server.args[server.args.index("--additional-config") + 1])[CONFIG_KEY][key])
+
+
+def request_log(server: VllmServer) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log_path(server, "request_log_path").read_text().splitlines()]
+
+
+async def both_seats_decoding(step_log: Path, holders: list[asyncio.Task[Any]]) -> None:
+    """Returns once the engine logs a step decoding two requests after the step log's current end
+    (the holders: nothing else runs); fails if a holder ends first. The engine's own record, not
+    the holders' streams: vLLM's API server can hold a stream's first bytes back for seconds."""
+    start = step_log.stat().st_size if step_log.exists() else 0
+    while not any(holder.done() for holder in holders):
+        with step_log.open() as log:
+            log.seek(start)
+            if any(json.loads(line)["num_decode_requests"] >= 2 for line in log.read().splitlines()):
+                return
+        await asyncio.sleep(0.02)
+    raise AssertionError(("a seat holder ended before both decoded", [h.result() for h in holders if h.done()]))
+
+
+async def request(client: httpx.AsyncClient, slo_class: str, stream: bool,
+                  hold_tokens: int | None = None) -> tuple[float, int, dict[str, str], Any]:
+    """One chat request: (seconds from sending to the status line, status, headers, the JSON body
+    or the streamed events). With ``hold_tokens`` it decodes that many tokens, ignoring the end
+    of sequence."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": f"think {NUM_THINK} answer {NUM_ANSWER}"}],
             "max_tokens": 200, "temperature": 0.0, "stream": stream, XARGS_FIELD: {CLASS_ARG: slo_class}}
+    if hold_tokens is not None:
+        body |= {"ignore_eos": True, "max_tokens": hold_tokens}
     sent = time.monotonic()
-    with httpx.Client(timeout=300) as client, client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as r:
+    async with client.stream("POST", "/v1/chat/completions", json=body) as r:
         waited = time.monotonic() - sent
         if r.headers.get("content-type", "").startswith("text/event-stream"):
-            events = [json.loads(line.removeprefix("data: ")) for line in r.iter_lines()
-                      if line.startswith("data: ") and line != "data: [DONE]"]
+            events = []
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(json.loads(line.removeprefix("data: ")))
             return waited, r.status_code, dict(r.headers), events
-        return waited, r.status_code, dict(r.headers), json.loads(r.read())
+        return waited, r.status_code, dict(r.headers), json.loads(await r.aread())
+
+
+async def burst_behind_held_seats(base_url: str, step_log: Path,
+                                  kinds: list[tuple[str, bool]]) -> list[tuple[float, int, dict[str, str], Any]]:
+    """Two streaming `calm` seat holders take both seats; once the engine decodes both, ``kinds``
+    go out at once (one event loop and one connection pool). The holders are let go (their
+    streams closed, which vLLM turns into aborts) once every `rush` request of the burst has its
+    answer, so the `calm` ones can be served. Returns the burst's results in the order of ``kinds``."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=httpx.Limits(max_connections=64)) as client:
+        holders = [asyncio.create_task(request(client, "calm", True, HOLDER_TOKENS)) for _ in range(2)]
+        await both_seats_decoding(step_log, holders)
+        burst = [asyncio.create_task(request(client, *kind)) for kind in kinds]
+        await asyncio.gather(*(task for task, (slo_class, _) in zip(burst, kinds) if slo_class == "rush"))
+        assert not any(holder.done() for holder in holders), "the holders held their seats through the burst"
+        for holder in holders:
+            holder.cancel()
+        await asyncio.gather(*holders, return_exceptions=True)
+        return list(await asyncio.gather(*burst))
+
+
+def served_once(base_url: str, slo_class: str) -> tuple[float, int, dict[str, str], Any]:
+    async def one() -> tuple[float, int, dict[str, str], Any]:
+        async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+            return await request(client, slo_class, False)
+    return asyncio.run(one())
 
 
 def answer_of(result: Any, stream: bool) -> tuple[str | None, str]:
@@ -75,8 +151,7 @@ def answer_of(result: Any, stream: bool) -> tuple[str | None, str]:
 
 def test_a_burst_is_served_or_shed_with_503_and_retry_after_in_time(server: VllmServer) -> None:
     kinds = [("rush", i % 2 == 0) for i in range(BURST)] + [("calm", False)]
-    with ThreadPoolExecutor(len(kinds)) as pool:
-        results = list(pool.map(lambda k: request(server.base_url, *k), kinds))
+    results = asyncio.run(burst_behind_held_seats(server.base_url, log_path(server, "step_log_path"), kinds))
     shed, served = [], []
     for (slo_class, stream), (waited, status, headers, result) in zip(kinds, results):
         assert status in (200, 503), (status, result)
@@ -91,14 +166,18 @@ def test_a_burst_is_served_or_shed_with_503_and_retry_after_in_time(server: Vllm
             assert (finish, content.split()) == ("stop", LETTERS[:NUM_ANSWER]), (slo_class, stream, result)
             served.append(slo_class)
     print(f"\nshed {len(shed)}, served {len(served)}; notice after {sorted(round(w, 2) for _, w in shed)} s")
-    assert shed, "two seats cannot start a burst of twelve within 400 ms: some must be shed"
+    assert shed, "requests waiting behind held seats cannot start within 400 ms: they must be shed"
     assert {c for c, _ in shed} == {"rush"}, "only the shedding class sheds"
-    assert "calm" in served and len(served) >= 2, "the queued class and the first of the burst are served"
-    # The client learns its fate within its class's TTFT target (a margin for the API server's
-    # own queueing of a burst on two cores).
-    assert max(w for _, w in shed) <= 0.4 + 1.5, shed
+    assert "calm" in served, "the queued class is served, however long it waits"
+    # The engine sheds a request within its class's TTFT target of its arrival (plus a step) ...
+    shed_in_engine = [line["e2e_ms"] for line in request_log(server)
+                      if line["slo_class"] == "rush" and line["reason"] == "aborted" and line["ttft_ms"] is None]
+    assert len(shed_in_engine) == len(shed) and max(shed_in_engine) <= 400 + 100, shed_in_engine
+    # ... and the client hears of it soon after: vLLM's API server shares two cores with the engine
+    # core and its worker here and can fall a second or two behind its streams.
+    assert max(w for _, w in shed) <= 0.4 + 5.0, shed
     # The engine serves on after the burst.
-    _, status, _, result = request(server.base_url, "rush", False)
+    _, status, _, result = served_once(server.base_url, "rush")
     finish, content = answer_of(result, False)
     assert status == 200 and (finish, content.split()) == ("stop", LETTERS[:NUM_ANSWER]), result
     # /metrics counts exactly the requests the clients saw shed, by class and reason (the counters
@@ -110,7 +189,6 @@ def test_a_burst_is_served_or_shed_with_503_and_retry_after_in_time(server: Vllm
 def shed_counts(server: VllmServer, until: int) -> dict[tuple[str, str], float]:
     """The non-zero ``meridian:shed_requests_total`` samples, once they add up to ``until`` (or
     after 30 s); also checks the saturation gauge is published for every class."""
-    import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     deadline = time.monotonic() + 30

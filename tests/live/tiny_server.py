@@ -22,9 +22,10 @@ QUEUE_LATE = {"overload": {"on_overload": "queue"}}
 
 
 def server_args(*, kv_cache_tokens: int = PRESSURED_KV_TOKENS, max_num_seqs: int = 16,
-                scheduler: bool = True) -> list[str]:
-    """The shared flags, a KV cache of ``kv_cache_tokens`` and, with ``scheduler``, Meridian's."""
-    args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
+                scheduler: bool = True, max_model_len: int = 256) -> list[str]:
+    """The shared flags, a KV cache of ``kv_cache_tokens``, contexts of ``max_model_len`` (the
+    model's positions allow 512) and, with ``scheduler``, Meridian's."""
+    args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", str(max_model_len), "--block-size", "32",
             "--kv-cache-memory-bytes", str(kv_cache_tokens * KV_BYTES_PER_TOKEN), "--max-num-seqs", str(max_num_seqs),
             "--reasoning-parser", "deepseek_r1"]
     return args + ["--scheduler-cls", SCHEDULER_CLS] if scheduler else args
