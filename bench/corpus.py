@@ -9,6 +9,10 @@ time: the numbers do not depend on this machine's speed.
 
     .venv/bin/python bench/corpus.py [--per-family 6] [--seed 0] [--capacity]
         [--loads 0.5] [--variant queue='{"on_overload": "queue"}' ...] [--out bench/results/corpus_<date>]
+        [--loads-from bench/results/corpus_<date>/corpus.json]
+
+``--loads-from`` takes the calibrated rates of an earlier report on the same scenarios (same
+``--per-family`` and ``--seed``) instead of searching them again; the results are the same.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 from meridian.replay.corpus import (  # noqa: E402
-    LOAD_POINTS, Corpus, columns, leave_one_family_out, make_corpus, plot, render, run_corpus,
+    LOAD_POINTS, Corpus, columns, leave_one_family_out, loads_of, make_corpus, plot, render, run_corpus,
 )
 from meridian.replay.report import write_json  # noqa: E402
 
@@ -63,6 +67,8 @@ def main() -> int:
     parser.add_argument("--capacity", action="store_true", help="also search each column's capacity")
     parser.add_argument("--loads", type=load_points, default=None,
                         help="comma-separated load points to replay (FCFS's attainment there: 0.9, 0.7, 0.5; default all)")
+    parser.add_argument("--loads-from", type=Path, default=None,
+                        help="an earlier corpus.json on the same scenarios: its calibrated rates, no new search")
     parser.add_argument("--lofo", default=None,
                         help="comma-separated column labels to pick a default from, leave-one-family-out")
     parser.add_argument("--jobs", type=int, default=0)
@@ -77,7 +83,8 @@ def main() -> int:
     scenarios = make_corpus(args.per_family, seed=args.seed, **({"families": families} if families else {}))
     cols = columns([p.strip() for p in args.policies.split(",") if p.strip()], dict(args.variant))
     points = {"points": args.loads} if args.loads else {}
-    report = run_corpus(corpus, scenarios, cols, capacity=args.capacity, **points)
+    known = loads_of(args.loads_from) if args.loads_from else None
+    report = run_corpus(corpus, scenarios, cols, capacity=args.capacity, known_loads=known, **points)
     text = ["# Scenario corpus", "", f"{len(scenarios)} scenarios (seed {args.seed}):", ""]
     text += [f"- `{s.name}`: {s.describe()}, {s.num_requests} requests" for s in scenarios]
     text += ["", render(report)]

@@ -5,6 +5,7 @@ numbers, and one real replay of a tiny scenario through FCFS and Meridian."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -142,6 +143,30 @@ def test_a_notice_is_late_only_past_the_deadline_its_request_was_shed_for() -> N
     assert C.late_notices(result(1100.0, None), targets) == ["ttft"]
     assert C.late_notices(result(None, 16000.0), targets) == ["ttfat"]
     assert C.late_notices({"shed_notice_ms_by_reason": None}, targets) == []
+
+
+def test_known_loads_are_read_back_and_bad_ones_named(tmp_path: Path) -> None:
+    report = tmp_path / "corpus.json"
+    report.write_text(json.dumps({"loads": {"mooncake-00": {"0.5": {"rate": 1.5, "fcfs_attainment": 0.51}}}}))
+    assert C.loads_of(report) == {"mooncake-00": {0.5: (1.5, 0.51)}}
+    for bad, named in [({"loads": {"m": {"0.6": {"rate": 1.0, "fcfs_attainment": 0.5}}}}, "load point 0.6"),
+                       ({"loads": {"m": {"0.5": {"rate": -1.0, "fcfs_attainment": 0.5}}}}, "rate -1.0"),
+                       ({"loads": {"m": {"0.5": {"rate": 1.0}}}}, "KeyError"),
+                       ({"results": []}, "not a corpus report")]:
+        report.write_text(json.dumps(bad))
+        with pytest.raises(TraceError, match=named):
+            C.loads_of(report)
+    with pytest.raises(TraceError, match="no such|not a corpus report"):
+        C.loads_of(tmp_path / "missing.json")
+
+
+@needs_traces
+def test_known_loads_must_cover_the_scenarios_and_cannot_feed_the_capacity_search(tmp_path: Path) -> None:
+    scenario = C.make_corpus(1, seed=0, request_scale=0.02, families=["mooncake"])[0]
+    with pytest.raises(TraceError, match=f"no scenario {scenario.name}"):
+        C.run_corpus(C.Corpus(cache_dir=tmp_path), [scenario], C.columns([]), known_loads={})
+    with pytest.raises(TraceError, match="capacity search needs"):
+        C.run_corpus(C.Corpus(cache_dir=tmp_path), [scenario], C.columns([]), capacity=True, known_loads={})
 
 
 @needs_traces

@@ -608,16 +608,27 @@ class CorpusReport:
 
 
 def run_corpus(corpus: Corpus, scenarios: Sequence[Scenario], cols: Sequence[Column], *,
-               capacity: bool = False, points: Sequence[float] = LOAD_POINTS) -> CorpusReport:
-    """Calibrates the loads, replays every column at each of ``points`` (of ``LOAD_POINTS``), and
-    (``capacity``) searches each column's capacity."""
+               capacity: bool = False, points: Sequence[float] = LOAD_POINTS,
+               known_loads: Mapping[str, Mapping[float, tuple[float, float]]] | None = None) -> CorpusReport:
+    """Calibrates the loads (or takes ``known_loads``, an earlier report's, see ``loads_of``),
+    replays every column at each of ``points`` (of ``LOAD_POINTS``), and (``capacity``, which
+    needs the calibration's probes) searches each column's capacity."""
     unknown = [p for p in points if p not in LOAD_POINTS]
     if unknown or not points:
         raise TraceError(f"load points {list(points)!r}: each must be one of {list(LOAD_POINTS)}")
     points = tuple(p for p in LOAD_POINTS if p in points)
-    calibrations = calibrate(corpus, scenarios)
-    loads = {s.name: {p: found for p in points if (found := calibrations[s.name].point(p)) is not None}
-             for s in scenarios}
+    if known_loads is not None:
+        if capacity:
+            raise TraceError("the capacity search needs the load calibration's probes: drop the known loads")
+        missing = [s.name for s in scenarios if s.name not in known_loads]
+        if missing:
+            raise TraceError(f"the known loads have no scenario {', '.join(missing)} (another corpus size or seed?)")
+        loads = {s.name: {p: known_loads[s.name][p] for p in points if p in known_loads[s.name]} for s in scenarios}
+        calibrations: dict[str, Calibration] = {}
+    else:
+        calibrations = calibrate(corpus, scenarios)
+        loads = {s.name: {p: found for p in points if (found := calibrations[s.name].point(p)) is not None}
+                 for s in scenarios}
     jobs = [(s.name, p, c.label, c.job(s, loads[s.name][p][0]))
             for s in scenarios for p in loads[s.name] for c in cols]
     results = {(n, p, label): r for (n, p, label, _), r in zip(jobs, corpus.run([j for *_, j in jobs]))}
@@ -625,6 +636,25 @@ def run_corpus(corpus: Corpus, scenarios: Sequence[Scenario], cols: Sequence[Col
     if capacity:
         report.capacity = capacity_of(corpus, calibrations, cols)
     return report
+
+
+def loads_of(path: Path) -> dict[str, dict[float, tuple[float, float]]]:
+    """The calibrated loads of an earlier report (``corpus.json``'s ``loads``: scenario → load
+    point → rate and FCFS's attainment there), so a rerun on the same scenarios skips the search
+    (replays are deterministic: the same scenario, rate and policy give the same result). Raises
+    ``TraceError`` naming the file and what is wrong with it."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))["loads"]
+        loads = {str(name): {float(p): (float(v["rate"]), float(v["fcfs_attainment"])) for p, v in points.items()}
+                 for name, points in raw.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TraceError(f"{path}: not a corpus report with calibrated loads ({type(exc).__name__}: {exc})") from None
+    for name, points in loads.items():
+        for point, (rate, attainment) in points.items():
+            if point not in LOAD_POINTS or not (math.isfinite(rate) and rate > 0) or not 0 <= attainment <= 1:
+                raise TraceError(f"{path}: scenario {name!r}: load point {point} at rate {rate} "
+                                 f"(FCFS attainment {attainment}) is not a calibrated load")
+    return loads
 
 
 def capacity_of(corpus: Corpus, calibrations: Mapping[str, Calibration], cols: Sequence[Column],
