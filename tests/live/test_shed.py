@@ -51,6 +51,9 @@ SERVER_ARGS = server_args(kv_cache_tokens=2 * MAX_MODEL_LEN + 1024, max_num_seqs
 NUM_THINK, NUM_ANSWER = 40, 4
 HOLDER_TOKENS = MAX_MODEL_LEN - 64
 BURST = 10
+#: Bursts tried until one reaches the engine while the holders hold their seats: with both cores
+#: busy elsewhere, vLLM's API server was seen passing a burst on only after 26 s.
+TRIES = 3
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +120,13 @@ async def request(client: httpx.AsyncClient, slo_class: str, stream: bool,
 
 
 async def burst_behind_held_seats(base_url: str, step_log: Path,
-                                  kinds: list[tuple[str, bool]]) -> list[tuple[float, int, dict[str, str], Any]]:
+                                  kinds: list[tuple[str, bool]]) -> tuple[bool, list[tuple[float, int, dict[str, str], Any]]]:
     """Two `calm` seat holders take both seats; once the engine decodes both, ``kinds``
     go out at once (one event loop and one connection pool). The holders are let go (their
-    streams closed, which vLLM turns into aborts) once every `rush` request of the burst has its
-    answer, so the `calm` ones can be served. Returns the burst's results in the order of ``kinds``."""
+    connections closed, which vLLM turns into aborts) once every `rush` request of the burst has
+    its answer, so the `calm` ones can be served. Returns whether the holders still held their
+    seats then (False: vLLM's API server passed the burst on only after they had decoded all
+    their tokens), and the burst's results in the order of ``kinds``."""
     async with httpx.AsyncClient(base_url=base_url, timeout=300, limits=httpx.Limits(max_connections=64)) as client:
         # Not streamed: two streams of thousands of tokens would keep the API server busy
         # formatting events, and the shed notices would queue behind them.
@@ -129,11 +134,11 @@ async def burst_behind_held_seats(base_url: str, step_log: Path,
         await both_seats_decoding(step_log, holders)
         burst = [asyncio.create_task(request(client, *kind)) for kind in kinds]
         await asyncio.gather(*(task for task, (slo_class, _) in zip(burst, kinds) if slo_class == "rush"))
-        assert not any(holder.done() for holder in holders), "the holders held their seats through the burst"
+        held = not any(holder.done() for holder in holders)
         for holder in holders:
             holder.cancel()
         await asyncio.gather(*holders, return_exceptions=True)
-        return list(await asyncio.gather(*burst))
+        return held, list(await asyncio.gather(*burst))
 
 
 def served_once(base_url: str, slo_class: str) -> tuple[float, int, dict[str, str], Any]:
@@ -154,20 +159,14 @@ def answer_of(result: Any, stream: bool) -> tuple[str | None, str]:
 
 def test_a_burst_is_served_or_shed_with_503_and_retry_after_in_time(server: VllmServer) -> None:
     kinds = [("rush", i % 2 == 0) for i in range(BURST)] + [("calm", False)]
-    results = asyncio.run(burst_behind_held_seats(server.base_url, log_path(server, "step_log_path"), kinds))
-    shed, served = [], []
-    for (slo_class, stream), (waited, status, headers, result) in zip(kinds, results):
-        assert status in (200, 503), (status, result)
-        if status == 503:
-            message = result["error"]["message"]
-            assert result["error"]["code"] == 503 and message.startswith(f"{SHED_MARKER}:ttft:"), result
-            assert "`rush`" in message and "TTFT target of 400" in message, message
-            assert parse_shed_notice(message) == ("ttft", int(headers["retry-after"])) and int(headers["retry-after"]) >= 1
-            shed.append((slo_class, waited))
-        else:
-            finish, content = answer_of(result, stream)
-            assert (finish, content.split()) == ("stop", LETTERS[:NUM_ANSWER]), (slo_class, stream, result)
-            served.append(slo_class)
+    shed: list[tuple[str, float]] = []
+    served: list[str] = []
+    for _ in range(TRIES):
+        held, results = asyncio.run(burst_behind_held_seats(server.base_url, log_path(server, "step_log_path"), kinds))
+        check_burst(kinds, results, shed, served)
+        if held:
+            break
+    assert held, f"vLLM's API server passed the burst on only after the holders' {HOLDER_TOKENS} tokens, {TRIES} times"
     print(f"\nshed {len(shed)}, served {len(served)}; notice after {sorted(round(w, 2) for _, w in shed)} s")
     assert shed, "requests waiting behind held seats cannot start within 400 ms: they must be shed"
     assert {c for c, _ in shed} == {"rush"}, "only the shedding class sheds"
@@ -188,6 +187,25 @@ def test_a_burst_is_served_or_shed_with_503_and_retry_after_in_time(server: Vllm
     # are mirrored at most every 0.25 s and when the engine goes idle).
     counted = shed_counts(server, until=len(shed))
     assert counted == {("rush", "ttft"): len(shed)}, counted
+
+
+def check_burst(kinds: list[tuple[str, bool]], results: list[tuple[float, int, dict[str, str], Any]],
+                shed: list[tuple[str, float]], served: list[str]) -> None:
+    """Every request of a burst was served normally or shed with the core's notice; appends the
+    shed ones (class, seconds until the client heard) to ``shed`` and the served classes to
+    ``served``."""
+    for (slo_class, stream), (waited, status, headers, result) in zip(kinds, results):
+        assert status in (200, 503), (status, result)
+        if status == 503:
+            message = result["error"]["message"]
+            assert result["error"]["code"] == 503 and message.startswith(f"{SHED_MARKER}:ttft:"), result
+            assert "`rush`" in message and "TTFT target of 400" in message, message
+            assert parse_shed_notice(message) == ("ttft", int(headers["retry-after"])) and int(headers["retry-after"]) >= 1
+            shed.append((slo_class, waited))
+        else:
+            finish, content = answer_of(result, stream)
+            assert (finish, content.split()) == ("stop", LETTERS[:NUM_ANSWER]), (slo_class, stream, result)
+            served.append(slo_class)
 
 
 def shed_counts(server: VllmServer, until: int) -> dict[tuple[str, str], float]:
