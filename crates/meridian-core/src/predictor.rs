@@ -74,6 +74,10 @@ pub struct ResidualLength {
     /// Index of the highest bucket with weight (`None` when empty).
     top: Option<usize>,
     dirty: bool,
+    /// `ln` of every bucket's lower edge, then of the last bucket's upper edge: the survival
+    /// query interpolates in log space on the per-step path, and two of its three logarithms are
+    /// of these constants.
+    ln_edges: [f64; NUM_BUCKETS + 1],
 }
 
 /// Integer bucketing: the exponent and the two bits after the leading one. No `log2` on the hot
@@ -85,11 +89,22 @@ fn bucket_of(len: u32) -> usize {
     (exponent * 4 + quarter) as usize
 }
 
+/// Smallest length of every bucket: `2^exponent · (1 + quarter/4)`, exact in `f64`. A table
+/// because the per-step plan reads an edge for every request it judges, and the integer-to-float
+/// conversion and arithmetic cost more than the load.
+const LOWER_EDGES: [f64; NUM_BUCKETS] = {
+    let mut edges = [0.0; NUM_BUCKETS];
+    let mut b = 0;
+    while b < NUM_BUCKETS {
+        edges[b] = (1u64 << (b / 4)) as f64 * (1.0 + (b % 4) as f64 / 4.0);
+        b += 1;
+    }
+    edges
+};
+
 /// Smallest length in bucket `b`.
 fn lower_edge(b: usize) -> f64 {
-    // 2^exponent by a shift, not `powi` (a library call on the per-step path); exact either way.
-    let exponent = (b / 4) as u32;
-    (1u64 << exponent) as f64 * (1.0 + (b % 4) as f64 / 4.0)
+    LOWER_EDGES[b]
 }
 
 /// Smallest length of the next bucket.
@@ -143,6 +158,9 @@ impl ResidualLength {
             viable_level: DEFAULT_VIABLE_LEVEL,
             top: None,
             dirty: true,
+            ln_edges: std::array::from_fn(|b| {
+                if b < NUM_BUCKETS { lower_edge(b) } else { upper_edge(NUM_BUCKETS - 1) }.ln()
+            }),
         };
         let each = if prior.is_empty() { 0.0 } else { rate.prior_weight / prior.len() as f64 };
         for &len in prior {
@@ -256,8 +274,8 @@ impl ResidualLength {
             return 0.0;
         }
         let above = if b + 1 < NUM_BUCKETS { self.survival[b + 1] } else { 0.0 };
-        let (lo, hi) = (lower_edge(b), upper_edge(b));
-        let inside = ((hi.ln() - x.max(lo).ln()) / (hi.ln() - lo.ln())).clamp(0.0, 1.0);
+        let (ln_lo, ln_hi) = (self.ln_edges[b], self.ln_edges[b + 1]);
+        let inside = ((ln_hi - x.max(lower_edge(b)).ln()) / (ln_hi - ln_lo)).clamp(0.0, 1.0);
         above + self.weight[b] * inside
     }
 
