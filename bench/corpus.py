@@ -61,6 +61,8 @@ def main() -> int:
     parser.add_argument("--per-family", type=int, default=6)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--families", nargs="+", default=None)
+    parser.add_argument("--scenarios", nargs="+", default=None,
+                        help="replay only these scenarios of the corpus (names as in its report, e.g. azure-conv-00)")
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
     parser.add_argument("--variant", type=variant, action="append", default=[],
                         help="a Meridian variant LABEL=JSON (its `meridian` keys; on_overload sets every class's)")
@@ -81,6 +83,12 @@ def main() -> int:
                     progress=lambda line: print(f"[{time.monotonic() - started:7.0f} s] {line}", file=sys.stderr, flush=True))
     families = args.families or None
     scenarios = make_corpus(args.per_family, seed=args.seed, **({"families": families} if families else {}))
+    if args.scenarios:
+        unknown = sorted(set(args.scenarios) - {s.name for s in scenarios})
+        if unknown:
+            parser.error(f"--scenarios: no scenario {', '.join(unknown)} in this corpus "
+                         f"(it has {', '.join(s.name for s in scenarios)})")
+        scenarios = [s for s in scenarios if s.name in args.scenarios]
     cols = columns([p.strip() for p in args.policies.split(",") if p.strip()], dict(args.variant))
     points = {"points": args.loads} if args.loads else {}
     known = loads_of(args.loads_from) if args.loads_from else None
