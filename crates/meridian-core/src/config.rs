@@ -498,9 +498,9 @@ struct RawOverload {
     /// `tpot_headroom`), as SCORPIO's virtual batch size does.
     #[serde(skip_serializing_if = "Option::is_none")]
     tpot_guard: Option<bool>,
-    /// Under `degrade`, a thinking request's reasoning is ended this long, in ms (≥ 0), plus a
-    /// few decode steps for the closing sequence, before its TTFAT deadline (500 ms: the
-    /// scheduler's word reaches a worker in another process within that).
+    /// Under `degrade`, a thinking request's reasoning is ended this long, in ms (≥ 0), plus four
+    /// decode steps for the closing sequence, before its TTFAT deadline (500 ms: the scheduler's
+    /// word reaches a worker in another process within that).
     #[serde(skip_serializing_if = "Option::is_none")]
     degrade_margin_ms: Option<f64>,
     /// The triage of every class that names no `on_overload` of its own.
