@@ -20,11 +20,18 @@ demo: setup bench-live-setup  ## Set everything up, then run the main job (stock
 	$(VENV)/bin/meridian demo
 
 .PHONY: lint
-lint:  ## rustfmt, clippy (warnings are errors), the import contracts (needs .venv: make setup)
+lint:  ## rustfmt, clippy (warnings are errors), the import contracts, the docs site --strict (needs .venv: make setup)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/check_import_time.py
+	$(PY) scripts/gen_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+.PHONY: docs
+docs: setup  ## Regenerate the configuration and metrics references and serve the docs site on 127.0.0.1:8000
+	$(PY) scripts/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 .PHONY: test-rust
 test-rust:  ## Rust unit, property and doc tests; check that the benches build

@@ -6,7 +6,7 @@ from typing import Final, Literal, final
 __all__ = [
     "__version__", "CLASS_ARG", "POLICY_NAMES", "SHED_MARKER", "SHED_REASONS", "THINKING_STOP_RULES", "THINKING_ARG",
     "THINKING_BUDGET_ARG", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
-    "ThinkingStream", "check_request_args", "kernel_source", "parse_shed_notice",
+    "ThinkingStream", "check_request_args", "config_schema", "kernel_source", "parse_shed_notice",
 ]
 __version__: str
 #: Request argument (``vllm_xargs`` / ``SamplingParams.extra_args``) naming the SLO class.
@@ -27,6 +27,10 @@ def parse_shed_notice(text: str) -> tuple[str, int] | None:
     """``(reason, retry_after_s)`` of a shed request's message (its stop reason), or ``None``
     when the text is not one."""
 
+def config_schema() -> str:
+    """The JSON Schema (draft 2020-12) of the ``meridian`` block of ``--additional-config``, derived
+    by the core from the structs it parses: every accepted key, its type and its explanation."""
+
 def kernel_source(name: str) -> str:
     """Source of a bundled CUDA kernel file by name."""
 
@@ -45,6 +49,11 @@ class Config:
         Raises:
             ConfigError: an unknown key or a bad value; the message names the dotted key.
         """
+    def to_json(self) -> str:
+        """The configuration as the JSON block that parses back to it (every key given but those left
+        unset: the log paths, ``e2e_ms``, ``predictor.prior_memory_requests``, and
+        ``tool_call_markers`` when none was given); ``Config.from_json("{}").to_json()`` holds every
+        default."""
     @property
     def class_names(self) -> list[str]: ...
     @property

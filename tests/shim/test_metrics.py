@@ -17,7 +17,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from meridian.offline.engine import EngineSpec, OfflineEngine, build_scheduler, scripted_request
 from meridian.offline.tiny import WORD_IDS, reasoning_script
 from meridian.vllm.metrics import MULTIPROC_DIR_ENV, REQUEST_STATES
-from meridian.vllm.names import METRIC_NAMES
+from meridian.vllm.names import METRIC_NAMES, SERIES
 
 pytestmark = pytest.mark.vllm
 
@@ -58,6 +58,23 @@ def test_finished_requests_are_observed_once_and_gauges_read_zero_when_idle(
     assert total(samples, METRIC_NAMES["step_time_model"], term="base") > 0.0
     # Only Meridian's own values went to files: the process' prometheus_client is as it was.
     assert values.ValueClass is value_class and os.environ.get(MULTIPROC_DIR_ENV) == env_dir
+
+
+def test_every_series_is_made_from_its_definition_in_names(tmp_path: Path) -> None:
+    # The docs' metrics reference is generated from `names.SERIES`: what the engine core exports
+    # must be exactly that, name, type, labels and HELP text.
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from meridian.vllm.metrics import MeridianMetrics
+
+    targets = {"standard": {"ttft_ms": 3000.0, "ttfat_ms": 60000.0, "answer_tpot_ms": 100.0, "e2e_ms": None}}
+    metrics = MeridianMetrics(tmp_path, "m", 0, targets)
+    made = {}
+    for series in vars(metrics).values():
+        if isinstance(series, MetricWrapperBase):
+            name = series._name + ("_total" if series._type == "counter" else "")
+            made[name] = (series._type, tuple(series._labelnames), series._documentation)
+    assert made == {s.name: (s.kind, ("model_name", "engine", *s.labels), s.help) for s in SERIES.values()}
 
 
 def test_counters_mirror_the_core_and_are_never_counted_twice(

@@ -6,12 +6,22 @@
 //! for what only the model's vocabulary can settle: [`Config::resolve_tool_call_markers`] rejects a
 //! configured tool-call marker that is not one token. Names the operator writes (policies) are
 //! defined here once.
+//!
+//! This module is also the one source of the configuration's reference: the raw structs the parser
+//! reads carry each key's explanation as their doc comments, [`Config::json_schema`] derives a
+//! JSON Schema from those same structs (so it lists exactly the keys the parser accepts, with their
+//! types and explanations), and [`Config::to_json`] writes a validated configuration back as the
+//! block that parses to it (for the defaults: `Config::default().to_json()`). The documentation's
+//! configuration page is generated from the two; `Config::from_json(&c.to_json()) == c` holds for
+//! every `c`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::{self, Deserializer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::error::{Error, Result};
 use crate::predictor::LearningRate;
@@ -19,7 +29,7 @@ use crate::slo::{ClassId, OnOverload, ShedUntil, SloClass, SloTargets, WaitingOr
 use crate::thinking::ThinkingControl;
 
 /// What happens to the KV blocks of a finished reasoning request from the start of its reasoning on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ReasoningBlockRule {
     /// Evict them first, except when the request ended in a tool call (the follow-up keeps them).
@@ -102,10 +112,27 @@ impl<'de> Deserialize<'de> for Policy {
     }
 }
 
+impl Serialize for Policy {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+impl JsonSchema for Policy {
+    fn schema_name() -> Cow<'static, str> {
+        "Policy".into()
+    }
+
+    /// One of the [`Policy::name`]s; what each does is the `policy` key's description.
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({ "type": "string", "enum": Policy::ALL.map(Policy::name) })
+    }
+}
+
 /// Seed coefficients of the step-time model: `step_ms = base_ms + per_prefill_token_ms · prompt
 /// tokens computed + per_decode_request_ms · requests decoding + per_context_token_ms · KV
 /// tokens read`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct StepTimeProfile {
     /// Fixed cost of one forward pass (weights read, launch overhead).
@@ -141,7 +168,7 @@ impl Default for StepTimeProfile {
 }
 
 /// Whether a request whose prefix a KV tier holds loads it back (key `kv_tier.restore`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RestoreMode {
     /// Load where the cost model says loading is cheaper than recomputing (the default).
@@ -154,7 +181,7 @@ pub enum RestoreMode {
 
 /// The KV tiers beyond the device (key `kv_tier`): how restores are decided and the seed of
 /// every tier's load cost, refitted from the connector's own transfer timings.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvTierConfig {
     /// Restore or recompute (default `auto`).
@@ -177,63 +204,215 @@ impl Default for KvTierConfig {
     }
 }
 
-/// Raw, unvalidated per-class targets as the operator writes them.
-#[derive(Debug, Clone, Deserialize)]
+/// Raw, unvalidated per-class targets as the operator writes them (key `classes.<name>`).
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "SloClass")]
 struct RawClass {
+    /// Time to first token: arrival → first generated token, in ms (> 0).
     ttft_ms: f64,
+    /// Time to first answer token: arrival → first token after the reasoning, in ms (> 0); the
+    /// same as the TTFT for a request that does not reason.
     ttfat_ms: f64,
+    /// Mean inter-token time within the answer, in ms (> 0). Steps are sized so that running
+    /// answers stay inside the tightest of these (times `tpot_headroom`).
     answer_tpot_ms: f64,
-    #[serde(default)]
+    /// Arrival → last token, in ms (> 0); unset: the class has no end-to-end target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     e2e_ms: Option<f64>,
+    /// Admission rank: 0 is admitted first; aging moves a waiting request up one rank per
+    /// `aging_ms`.
     rank: u8,
-    #[serde(default)]
+    /// The class's own thinking control, which replaces the top-level `thinking_control` as a
+    /// whole for its requests (`{}` turns every rule off for the class); unset: the top-level
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     thinking_control: Option<ThinkingControl>,
-    #[serde(default)]
+    /// What becomes of the class's requests that can no longer meet its targets; unset:
+    /// `overload.on_overload`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     on_overload: Option<OnOverload>,
 }
 
-/// Raw configuration as deserialized from JSON; every field is optional.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// Raw configuration as deserialized from JSON (the `meridian` block of vLLM's
+/// `--additional-config`); every field is optional, and unknown keys are rejected.
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(title = "Meridian configuration")]
 struct RawConfig {
+    /// The scheduling policy: `meridian` (the product), `answer_first` (ablation: answering
+    /// requests first, FCFS otherwise, vLLM's own budget and admission, no eviction tiers),
+    /// `pascal` (reasoning first, answers paced at their TPOT target and preempted first, after
+    /// PASCAL, arXiv 2602.11530), `uniboost` (prediction-free: every request ordered by its
+    /// arrival pushed back by its known work, prompt plus output so far, at γ tokens per second,
+    /// so the largest late request is the victim; after UniBoost, arXiv 2606.18431 — our reading
+    /// of its abstract and project page, the exact boost function not being public there) or
+    /// `scorpio` (least TTFT deadline first, requests that can no longer make theirs queued last
+    /// — SCORPIO rejects them, which a vLLM scheduler cannot do without the frontend — and
+    /// admission capped where the step-time model predicts the batch would pass the tightest
+    /// TPOT target; after SCORPIO, arXiv 2505.23022, without its credit-based batching). All but
+    /// the first exist for side-by-side replays; only `meridian` triages overload.
+    #[serde(skip_serializing_if = "Option::is_none")]
     policy: Option<Policy>,
+    /// The SLO classes, by name (at least one, at most 255). Giving this key replaces the three
+    /// default classes as a whole. A request names its class with the request argument
+    /// `meridian_class`; without it, its vLLM priority picks one (`priority_map`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     classes: Option<BTreeMap<String, RawClass>>,
+    /// Class of a request that names none and whose priority maps to none; it must be one of
+    /// `classes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     default_class: Option<String>,
+    /// vLLM priority → class name: a priority maps to the class of the largest key ≤ it (below
+    /// all keys: the smallest key's class). Keys are integers written as strings. Unset: `-1` →
+    /// the first class by rank, `0` → the second (or the last), `1` → the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
     priority_map: Option<BTreeMap<String, String>>,
+    /// A step in which no request answers may take this many times the answer TPOT target
+    /// (≥ 1): larger prompt chunks for thinking-only batches.
+    #[serde(skip_serializing_if = "Option::is_none")]
     think_batch_multiplier: Option<f64>,
+    /// Fraction of the answer TPOT target a step may take, in (0, 1].
+    #[serde(skip_serializing_if = "Option::is_none")]
     tpot_headroom: Option<f64>,
+    /// Floor of the per-step token budget (≥ 1): the budget never starves progress.
+    #[serde(skip_serializing_if = "Option::is_none")]
     min_token_budget: Option<u32>,
+    /// Seed of the step-time model, `step_ms = base + per_prefill_token · prompt tokens
+    /// computed + per_decode_request · requests decoding + per_context_token · KV tokens read`,
+    /// refitted online by exponentially weighted least squares with a ridge pull toward the
+    /// seed unless `online_fit` is false (the default seed: an H200 serving an 8B-class model).
+    /// Every running decode gets its token each step; prompt chunks fill the rest of the answer
+    /// TPOT target, each prompt token priced at no less than what steps with long chunks (≥ 256
+    /// prompt tokens) cost per token: a step's time is not linear in its prompt tokens (short
+    /// chunks ride on a decode step's weight reads, long ones are compute-bound), and a fit over
+    /// mostly decode steps would price them near zero and overshoot the target by several times.
+    #[serde(skip_serializing_if = "Option::is_none")]
     step_time: Option<StepTimeProfile>,
+    /// The KV tiers beyond the device (vLLM's offloading connector: host memory, disk, a shared
+    /// store): whether a tier hit is loaded or recomputed, the seed of each tier's load cost
+    /// (refitted from the connector's own transfer timings unless `online_fit` is false), and
+    /// prefetch from slower tiers.
+    #[serde(skip_serializing_if = "Option::is_none")]
     kv_tier: Option<KvTierConfig>,
+    /// Hold KV blocks back from admission for the running answers' expected remaining tokens,
+    /// so they can finish without preemption.
+    #[serde(skip_serializing_if = "Option::is_none")]
     answer_kv_reserve: Option<bool>,
+    /// Fraction, in [0, 1], of the running thinking requests' expected remaining growth (the
+    /// rest of the thinking plus a mean answer) also held back from admission: fewer
+    /// preemptions, at some cost in TTFAT when set too high.
+    #[serde(skip_serializing_if = "Option::is_none")]
     think_kv_reserve: Option<f64>,
+    /// A waiting request moves up one class rank per this much waiting, in ms (> 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
     aging_ms: Option<f64>,
+    /// Past this much waiting, in ms (> 0), a request goes ahead of every new one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     starvation_ms: Option<f64>,
+    /// The waiting side's tail rule: a waiting request expected to miss its targets waits
+    /// behind the ones that can still make theirs for at most this many times its class's TTFT
+    /// target (never past `starvation_ms`), then goes ahead of every new one (> 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
     late_wait_ttft_factor: Option<f64>,
+    /// The running side's tail rule: a running thinker that can no longer make its TTFAT target
+    /// yields its decode to prompt chunks until it has been in the system (1 + this) × its
+    /// class's TTFAT target, then decodes every step ahead of them (≥ 0; 0: a late decode never
+    /// yields). 0 is the largest factor of the measured sweep (`bench/replay_late_think_sweep.py`)
+    /// that kept every class's TTFT and TTFAT p99 within FCFS's on both development workloads;
+    /// larger factors buy goodput with the TTFAT tail.
+    #[serde(skip_serializing_if = "Option::is_none")]
     late_think_ttfat_factor: Option<f64>,
+    /// The `uniboost` policy's γ: tokens of known work that push a request back by one second
+    /// of arrival (> 0; → ∞: FCFS; → 0: least attained service).
+    #[serde(skip_serializing_if = "Option::is_none")]
     uniboost_gamma_tokens_per_s: Option<f64>,
+    /// Which finished requests' reasoning blocks (from the start of their reasoning on, which no
+    /// later request can reuse: chat templates drop earlier turns' reasoning) leave the prefix
+    /// cache first.
+    #[serde(skip_serializing_if = "Option::is_none")]
     evict_reasoning_blocks: Option<ReasoningBlockRule>,
+    /// Strings that mark a tool call (a request that ends in one keeps its reasoning blocks
+    /// under `unless_tool_call`). Each must be a single token of the model's vocabulary: a
+    /// configured marker that is not one stops vLLM at start-up with `ConfigError` naming
+    /// `tool_call_markers[i]`. Unset: `["<tool_call>"]` (Qwen3, Hermes and most open
+    /// tool-calling chat templates), dropped with a warning where the model lacks it (then no
+    /// request counts as ending in a tool call).
+    #[serde(skip_serializing_if = "Option::is_none")]
     tool_call_markers: Option<Vec<String>>,
+    /// An answer gap above this many times the class's answer TPOT target counts as a stall
+    /// (≥ 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
     stall_factor: Option<f64>,
+    /// Sample thinking lengths, in tokens (each ≥ 1), seeding every class's remaining-thinking
+    /// predictor. Default: quantiles of production DeepSeek-R1 thinking lengths (ServeGen), so
+    /// the predictor starts heavy-tailed.
+    #[serde(skip_serializing_if = "Option::is_none")]
     think_tokens_prior: Option<Vec<u32>>,
+    /// Sample answer lengths, in tokens (each ≥ 1), seeding every class's remaining-answer
+    /// predictor. Default: the visible answer lengths of the same production sources.
+    #[serde(skip_serializing_if = "Option::is_none")]
     answer_tokens_prior: Option<Vec<u32>>,
+    /// How fast each class's length predictors (one for thinking, one for the answer) move from
+    /// the priors to the class's own finished requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
     predictor: Option<RawPredictor>,
+    /// Preemption on arrival: when the most urgent waiting request has waited through half of
+    /// its class's TTFT target without a seat or enough KV blocks, lower-class thinking (or
+    /// still prefilling) requests yield — most slack net of their recompute cost first, never an
+    /// answering request.
+    #[serde(skip_serializing_if = "Option::is_none")]
     arrival_preemption: Option<RawArrivalPreemption>,
+    /// Prefix-aware admission: among the first 64 waiting requests, those with more slack than
+    /// the guard go longest cached prefill first (in the device cache, or in a tier that would
+    /// load it); the others keep least slack first, so nobody is pushed past a deadline by it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     prefix_affinity: Option<RawPrefixAffinity>,
+    /// How late work is judged and triaged. A request is late when its probability of meeting
+    /// its TTFT and TTFAT targets (from its class's remaining-thinking distribution given what it
+    /// has thought, the time left and the predicted step) is below `min_success_probability`;
+    /// its class's `on_overload` decides what becomes of it. Only the `meridian` policy triages.
+    #[serde(skip_serializing_if = "Option::is_none")]
     overload: Option<RawOverload>,
+    /// File to append one JSON line per finished request to: class, finish reason, every
+    /// latency (TTFT, TTFAT, transition gap, TPOT by phase, end to end), token counts and
+    /// preemptions by phase, whether it met every target, and the thinking-control rule that
+    /// ended its reasoning with the token count at that point. Unset: no request log. Under data
+    /// parallelism, rank 0 writes this file and rank N > 0 `<stem>.dpN<suffix>` next to it.
+    #[serde(skip_serializing_if = "Option::is_none")]
     request_log_path: Option<String>,
+    /// File to append one JSON line per engine step to (`num_prefill_tokens`,
+    /// `num_decode_requests`, `num_context_tokens`, `step_ms`): the input of
+    /// `meridian.replay.profiles.fit_profile`, which fits a replay profile to your hardware.
+    /// Unset: no step log. Under data parallelism, named per rank as `request_log_path` is.
+    #[serde(skip_serializing_if = "Option::is_none")]
     step_log_path: Option<String>,
+    /// Publish Meridian's series on vLLM's `/metrics`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     metrics: Option<bool>,
+    /// Thinking control of every class that sets none of its own (`classes.<name>.thinking_control`
+    /// replaces it for that class). Every rule is off unless its key is present (`"eat": {}`
+    /// turns EAT on with its defaults); when several are on, the first to fire ends the
+    /// reasoning. On a vLLM server every rule needs the logits processor
+    /// (`--logits-processors meridian.vllm.thinking:MeridianThinkingProcessor`); the replay
+    /// applies `budget_tokens` and `load_aware` without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     thinking_control: Option<ThinkingControl>,
 }
 
 /// Raw `arrival_preemption` block.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "ArrivalPreemption")]
 struct RawArrivalPreemption {
+    /// Whether the rule runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
     enabled: Option<bool>,
+    /// A request is not preempted on arrival again within this long, in ms (≥ 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
     min_interval_ms: Option<f64>,
+    /// At most this many victims per step (≥ 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
     max_per_step: Option<u32>,
 }
 
@@ -258,10 +437,18 @@ impl Default for ArrivalPreemption {
 }
 
 /// Raw `prefix_affinity` block.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "PrefixAffinity")]
 struct RawPrefixAffinity {
+    /// Whether the rule runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
     enabled: Option<bool>,
+    /// A waiting request with more slack than this many times its class's TTFT target may let
+    /// requests with a cached prefix go first (≥ 0; 0.5: one that has used less than half its
+    /// TTFT target, its prefill included; at 1 or more the rule never applies, as a waiting
+    /// request's TTFT slack is always below its target).
+    #[serde(skip_serializing_if = "Option::is_none")]
     slack_guard_ttft_factor: Option<f64>,
 }
 
@@ -287,16 +474,44 @@ impl Default for PrefixAffinity {
 }
 
 /// Raw `overload` block.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Overload")]
 struct RawOverload {
+    /// Below this probability of meeting its TTFT and TTFAT targets a request is late, in
+    /// (0, 1). 0.1 came out best on every trace family of the scenario corpus (0.1, 0.3 and 0.5
+    /// within 2 % of each other).
+    #[serde(skip_serializing_if = "Option::is_none")]
     min_success_probability: Option<f64>,
+    /// Under `shed`, a started request that has not begun answering is shed too when it turns
+    /// late (only while others wait for the room); a waiting one always is.
+    #[serde(skip_serializing_if = "Option::is_none")]
     shed_running: Option<bool>,
+    /// Light load: a waiting request with more slack than this many times its class's TTFT
+    /// target waits in arrival order behind every request with less, so no class's slack is
+    /// spent while every class is safely inside its targets (≥ 0; 0: off — class rank and slack
+    /// alone order the queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
     fcfs_slack_ttft_factor: Option<f64>,
+    /// Admission stops where the step-time model predicts that the decode step would pass the
+    /// tightest answer TPOT target among the running and admitted requests (with
+    /// `tpot_headroom`), as SCORPIO's virtual batch size does.
+    #[serde(skip_serializing_if = "Option::is_none")]
     tpot_guard: Option<bool>,
+    /// Under `degrade`, a thinking request's reasoning is ended this long, in ms (≥ 0), plus four
+    /// decode steps for the closing sequence, before its TTFAT deadline (500 ms: the scheduler's
+    /// word reaches a worker in another process within that).
+    #[serde(skip_serializing_if = "Option::is_none")]
     degrade_margin_ms: Option<f64>,
+    /// The triage of every class that names no `on_overload` of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
     on_overload: Option<OnOverload>,
+    /// How waiting requests between the light-load band and the late ones are ordered within a
+    /// class rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
     waiting_order: Option<WaitingOrder>,
+    /// How long after arrival a late request of a `shed` class can still be shed for its TTFAT.
+    #[serde(skip_serializing_if = "Option::is_none")]
     shed_until: Option<ShedUntil>,
 }
 
@@ -354,11 +569,26 @@ impl Default for Overload {
 }
 
 /// Raw `predictor` block.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "Predictor")]
 struct RawPredictor {
+    /// The priors' total weight, in pseudo-observations (> 0); each finished request of the
+    /// class counts as one.
+    #[serde(skip_serializing_if = "Option::is_none")]
     prior_weight: Option<f64>,
+    /// The predictors' memory, in finished requests of the class (≥ 1): each new observation
+    /// multiplies the weight of everything before it (the priors included) by
+    /// `1 − 1/memory_requests`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     memory_requests: Option<f64>,
+    /// The priors' own memory, in finished requests of the class (≥ 1): each one also shrinks
+    /// what is left of the priors by `1/prior_memory_requests`, so after a few times this many
+    /// the server's own lengths alone make the prediction. Unset: the priors decay like any
+    /// observation. Off by default because the priors also correct for the long requests that
+    /// have not finished yet: fading them after 50 completions cost the Mooncake replay 2.5 % of
+    /// its goodput; it helps a server whose lengths are far from the priors.
+    #[serde(skip_serializing_if = "Option::is_none")]
     prior_memory_requests: Option<f64>,
 }
 
@@ -547,6 +777,102 @@ impl Config {
     /// Comma-separated class names, for error messages.
     pub fn class_names(&self) -> String {
         self.classes.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", ")
+    }
+
+    /// The JSON Schema (draft 2020-12) of the block [`Config::from_json`] parses, derived from
+    /// the very structs it deserializes: every accepted key, its type, its explanation (the
+    /// struct's doc comment) and, where a whole block has defaults, their values. Defaults of
+    /// the top-level keys are in `Config::default().to_json()`.
+    pub fn json_schema() -> String {
+        let schema = schemars::schema_for!(RawConfig);
+        serde_json::to_string_pretty(&schema).expect("a JSON Schema is plain JSON")
+    }
+
+    /// The configuration as the JSON block that parses back to it, every key given except those
+    /// left unset (the log paths, `e2e_ms`, `predictor.prior_memory_requests`, and
+    /// `tool_call_markers` when the operator gave none, which keeps the default marker's
+    /// leniency). `Config::from_json(&c.to_json())` is `c` up to the order of its classes, which
+    /// the block keys by name: parsing puts them in name order.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.to_raw()).expect("a configuration is plain JSON")
+    }
+
+    fn to_raw(&self) -> RawConfig {
+        let class_name = |id: ClassId| self.classes[id.index()].name.clone();
+        let classes = self
+            .classes
+            .iter()
+            .zip(&self.class_thinking_control)
+            .map(|(c, thinking_control)| {
+                let raw = RawClass {
+                    ttft_ms: c.targets.ttft_ms,
+                    ttfat_ms: c.targets.ttfat_ms,
+                    answer_tpot_ms: c.targets.answer_tpot_ms,
+                    e2e_ms: c.targets.e2e_ms,
+                    rank: c.rank,
+                    thinking_control: thinking_control.clone(),
+                    on_overload: Some(c.on_overload),
+                };
+                (c.name.clone(), raw)
+            })
+            .collect();
+        let overload = &self.overload;
+        RawConfig {
+            policy: Some(self.policy),
+            classes: Some(classes),
+            default_class: Some(class_name(self.default_class)),
+            priority_map: Some(
+                self.priority_map
+                    .iter()
+                    .map(|(threshold, class)| (threshold.to_string(), class_name(*class)))
+                    .collect(),
+            ),
+            think_batch_multiplier: Some(self.think_batch_multiplier),
+            tpot_headroom: Some(self.tpot_headroom),
+            min_token_budget: Some(self.min_token_budget),
+            step_time: Some(self.step_time),
+            kv_tier: Some(self.kv_tier),
+            answer_kv_reserve: Some(self.answer_kv_reserve),
+            think_kv_reserve: Some(self.think_kv_reserve),
+            aging_ms: Some(self.aging_ms),
+            starvation_ms: Some(self.starvation_ms),
+            late_wait_ttft_factor: Some(self.late_wait_ttft_factor),
+            late_think_ttfat_factor: Some(self.late_think_ttfat_factor),
+            uniboost_gamma_tokens_per_s: Some(self.uniboost_gamma_tokens_per_s),
+            evict_reasoning_blocks: Some(self.evict_reasoning_blocks),
+            tool_call_markers: self.tool_call_markers_explicit.then(|| self.tool_call_markers.clone()),
+            stall_factor: Some(self.stall_factor),
+            think_tokens_prior: Some(self.think_tokens_prior.clone()),
+            answer_tokens_prior: Some(self.answer_tokens_prior.clone()),
+            predictor: Some(RawPredictor {
+                prior_weight: Some(self.predictor.prior_weight),
+                memory_requests: Some(self.predictor.memory_requests),
+                prior_memory_requests: self.predictor.prior_memory_requests,
+            }),
+            arrival_preemption: Some(RawArrivalPreemption {
+                enabled: Some(self.arrival_preemption.enabled),
+                min_interval_ms: Some(self.arrival_preemption.min_interval_ms),
+                max_per_step: Some(self.arrival_preemption.max_per_step),
+            }),
+            prefix_affinity: Some(RawPrefixAffinity {
+                enabled: Some(self.prefix_affinity.enabled),
+                slack_guard_ttft_factor: Some(self.prefix_affinity.slack_guard_ttft_factor),
+            }),
+            overload: Some(RawOverload {
+                min_success_probability: Some(overload.min_success_probability),
+                shed_running: Some(overload.shed_running),
+                fcfs_slack_ttft_factor: Some(overload.fcfs_slack_ttft_factor),
+                tpot_guard: Some(overload.tpot_guard),
+                degrade_margin_ms: Some(overload.degrade_margin_ms),
+                on_overload: Some(overload.on_overload),
+                waiting_order: Some(overload.waiting_order),
+                shed_until: Some(overload.shed_until),
+            }),
+            request_log_path: self.request_log_path.clone(),
+            step_log_path: self.step_log_path.clone(),
+            metrics: Some(self.metrics),
+            thinking_control: Some(self.thinking_control.clone()),
+        }
     }
 
     fn from_raw(raw: RawConfig) -> Result<Self> {
@@ -1131,6 +1457,104 @@ mod tests {
     fn custom_priority_map_rejects_non_integer_keys() {
         let err = Config::from_json(r#"{"priority_map": {"high": "interactive"}}"#).unwrap_err();
         assert!(err.to_string().contains("priority_map.high"), "{err}");
+    }
+
+    /// A configuration with every key given, none at its default.
+    const EVERY_KEY: &str = r#"{
+        "policy": "scorpio", "default_class": "lead", "priority_map": {"-5": "gold", "3": "lead"},
+        "classes": {
+            "lead": {"ttft_ms": 5000, "ttfat_ms": 50000, "answer_tpot_ms": 400, "rank": 1},
+            "gold": {"ttft_ms": 500, "ttfat_ms": 5000, "answer_tpot_ms": 40, "e2e_ms": 9000, "rank": 0,
+                     "on_overload": "degrade",
+                     "thinking_control": {"eat": {}, "proxy": {"max_end_rank": null}}}},
+        "think_batch_multiplier": 3, "tpot_headroom": 0.8, "min_token_budget": 32,
+        "step_time": {"base_ms": 4, "per_prefill_token_ms": 0.03, "per_decode_request_ms": 0.01,
+                      "per_context_token_ms": 1e-5, "online_fit": false, "forgetting": 0.9},
+        "kv_tier": {"restore": "never", "load_ms_per_token": 0.01, "online_fit": false,
+                    "prefetch_requests": 2},
+        "answer_kv_reserve": false, "think_kv_reserve": 0.5, "aging_ms": 2000, "starvation_ms": 30000,
+        "late_wait_ttft_factor": 3, "late_think_ttfat_factor": 0.25, "uniboost_gamma_tokens_per_s": 50,
+        "evict_reasoning_blocks": "never", "tool_call_markers": ["<tool>"], "stall_factor": 4,
+        "think_tokens_prior": [10, 20], "answer_tokens_prior": [5],
+        "predictor": {"prior_weight": 3, "memory_requests": 100, "prior_memory_requests": 50},
+        "arrival_preemption": {"enabled": false, "min_interval_ms": 5, "max_per_step": 1},
+        "prefix_affinity": {"enabled": false, "slack_guard_ttft_factor": 0.25},
+        "overload": {"min_success_probability": 0.3, "shed_running": false, "fcfs_slack_ttft_factor": 0,
+                     "tpot_guard": false, "degrade_margin_ms": 100, "on_overload": "queue",
+                     "waiting_order": "slack", "shed_until": "ttft"},
+        "request_log_path": "requests.jsonl", "step_log_path": "steps.jsonl", "metrics": false,
+        "thinking_control": {"budget_tokens": 100, "load_aware": {"attainment_floor": 0.5},
+                             "rpdi": {"alpha": 0.1}, "closing": {"closing_text": "Done."},
+                             "boundaries": {"line_end": ["\n"], "sentence_end": ["."]}}
+    }"#;
+
+    #[test]
+    fn to_json_parses_back_to_the_same_configuration() {
+        for config in [Config::default(), Config::from_json(EVERY_KEY).unwrap()] {
+            let text = config.to_json();
+            let again = Config::from_json(&text).unwrap();
+            assert_eq!(again.to_json(), text, "the same block, whatever the class order");
+            let by_name = |c: &Config| {
+                let mut classes = c.classes.clone();
+                classes.sort_by(|a, b| a.name.cmp(&b.name));
+                classes
+            };
+            assert_eq!(by_name(&again), by_name(&config));
+            assert_eq!(Config::from_json(&again.to_json()).unwrap(), again, "exact once in name order");
+        }
+        // Unset keys stay unset, and the default tool-call marker stays lenient.
+        let defaults: serde_json::Value = serde_json::from_str(&Config::default().to_json()).unwrap();
+        for key in ["request_log_path", "step_log_path", "tool_call_markers"] {
+            assert!(defaults.get(key).is_none(), "{key}");
+        }
+        assert!(!Config::from_json(&Config::default().to_json()).unwrap().tool_call_markers_explicit);
+        assert_eq!(defaults["overload"]["min_success_probability"], 0.1);
+        assert_eq!(defaults["classes"]["interactive"]["ttft_ms"], 1000.0);
+        assert_eq!(defaults["priority_map"]["-1"], "interactive");
+    }
+
+    /// The schema's properties of the object at `schema` (following `$ref`s and `anyOf`s).
+    fn properties<'a>(
+        root: &'a serde_json::Value,
+        schema: &'a serde_json::Value,
+    ) -> Vec<&'a serde_json::Value> {
+        if let Some(target) = schema.get("$ref").and_then(|r| r.as_str()) {
+            return properties(root, root.pointer(target.trim_start_matches('#')).unwrap());
+        }
+        let mut found: Vec<_> = schema.get("properties").into_iter().collect();
+        for options in schema.get("anyOf").and_then(|a| a.as_array()).into_iter().flatten() {
+            found.extend(properties(root, options));
+        }
+        found
+    }
+
+    #[test]
+    fn the_schema_describes_every_key_the_parser_reads() {
+        let schema: serde_json::Value = serde_json::from_str(&Config::json_schema()).unwrap();
+        assert_eq!(schema["additionalProperties"], false, "unknown keys are rejected");
+        // Every key of a configuration with every key given is in the schema, with a description.
+        fn walk(root: &serde_json::Value, schema: &serde_json::Value, value: &serde_json::Value, key: &str) {
+            let Some(object) = value.as_object() else { return };
+            let props = properties(root, schema);
+            for (name, inner) in object {
+                let dotted = format!("{key}{name}");
+                let entry = props.iter().find_map(|p| p.get(name)).or_else(|| {
+                    // A map such as `classes`: its values' schema.
+                    let target = schema.get("additionalProperties").filter(|a| a.is_object());
+                    target.map(|t| t as &serde_json::Value)
+                });
+                let entry = entry.unwrap_or_else(|| panic!("`{dotted}` is not in the schema"));
+                if props.iter().any(|p| p.get(name).is_some()) {
+                    assert!(entry.get("description").is_some(), "`{dotted}` has no description");
+                }
+                walk(root, entry, inner, &format!("{dotted}."));
+            }
+        }
+        let every: serde_json::Value =
+            serde_json::from_str(&Config::from_json(EVERY_KEY).unwrap().to_json()).unwrap();
+        walk(&schema, &schema, &every, "");
+        let policy = &properties(&schema, &schema)[0]["policy"];
+        assert!(policy.to_string().contains("answer_first"), "{policy}");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! validated positive and finite at configuration time, so every deadline computed from them is a
 //! finite number.
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 /// Request argument (`vllm_xargs` / `SamplingParams.extra_args`) naming the request's SLO class;
 /// without it the request's vLLM priority picks the class ([`crate::NewRequest::slo_class`]).
@@ -37,7 +38,7 @@ pub struct SloTargets {
 /// What becomes of a request of the class once it can no longer meet its targets — its
 /// probability of meeting them has fallen below `overload.min_success_probability` (key
 /// `classes.<name>.on_overload`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OnOverload {
     /// It waits behind every request that can still make its targets, for a bounded time
@@ -57,7 +58,7 @@ pub enum OnOverload {
 
 /// How the policy orders waiting requests that are neither safely inside their targets nor
 /// judged late, within a class rank (key `overload.waiting_order`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WaitingOrder {
     /// Least slack first (earliest effective deadline): the request closest to missing goes
@@ -79,7 +80,7 @@ pub enum WaitingOrder {
 
 /// How long after its arrival a request of a `shed` class may still be shed (key
 /// `overload.shed_until`): past it, a late request runs on as under `queue`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ShedUntil {
     /// While its client would still hear the shed by the class's TTFT target (the plan's lead

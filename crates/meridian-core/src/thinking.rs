@@ -12,7 +12,8 @@
 //! ±[`MAX_ENTROPY_NATS`], probabilities outside [0, 1]) are counted and skipped, so they never
 //! enter — let alone poison — an EMA.
 
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
@@ -31,7 +32,7 @@ pub const MAX_CLOSING_TEXT_CHARS: usize = 512;
 /// several may be on, and the first to fire ends the reasoning. Parsed from the `thinking_control`
 /// key of the configuration (top level, or `classes.<name>.thinking_control`, which replaces the
 /// top-level object for that class).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ThinkingControl {
     /// Hard thinking budget: the reasoning is ended once this many thinking tokens have been
@@ -57,14 +58,15 @@ pub struct ThinkingControl {
 /// (`\n\n`) and the ordinary sentence-final punctuation, ASCII and CJK; a model whose reasoning
 /// is not prose (the project's tiny counting model has no punctuation at all) names its own
 /// markers here.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct Boundaries {
     /// Strings that end a reasoning line wherever they occur, also across a token boundary
-    /// (`"\n"` then `"\n"`). A line end is also a sentence end. Not empty strings.
+    /// (`"\n"` then `"\n"`). A line end is also a sentence end. Each 1 to 16 characters
+    /// ([`MAX_BOUNDARY_MARKER_CHARS`]).
     pub line_end: Vec<String>,
     /// Strings that end a sentence when a token's text, trailing whitespace removed, ends with
-    /// one of them. Not empty strings.
+    /// one of them. Each 1 to 16 characters.
     pub sentence_end: Vec<String>,
 }
 
@@ -135,7 +137,7 @@ pub(crate) fn char_suffix(text: &str, max_chars: usize) -> &str {
 /// linearly toward `min_budget_tokens` as the class's recent TTFAT attainment falls below
 /// `attainment_floor`: `min + ⌊(budget − min) · attainment / floor⌋`. Defaults are ours, read off
 /// the ServeGen DeepSeek-R1 thinking lengths that seed the predictor (`traces/REASONING.md`).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoadAwareBudget {
     /// Budget while the class meets its target (default 4096: ≈ p95 of production R1 thinking
@@ -160,7 +162,7 @@ impl Default for LoadAwareBudget {
 /// the caller measures the entropy of the next token after appending the reasoning-end marker;
 /// its exponentially weighted mean and variance are updated by [`eat_update`], and the
 /// rule fires at the first probe with `count ≥ min_lines` and `var < variance_threshold`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EatRule {
     /// EMA weight of the newest probe, in (0, 1) (default 0.2: the `alpha` default of Microsoft's
@@ -190,7 +192,7 @@ impl Default for EatRule {
 /// token's probability in the ordinary next-token distribution reaches `end_prob_threshold`, or
 /// its rank (number of tokens with a strictly larger logit) is at most `max_end_rank`. For a
 /// multi-token end marker the caller passes its first token. Defaults are ours (uncalibrated).
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyRule {
     /// Probability threshold in (0, 1), or `null` to use the rank alone (default 0.1: the model
@@ -219,7 +221,7 @@ impl Default for ProxyRule {
 /// `local / global ≥ ratio_threshold` — a burst of transitions well above the request's own
 /// baseline, which is the direction the abstract describes. All defaults are ours, uncalibrated:
 /// chosen so that one transition token cannot fire the rule but a burst can.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct RpdiRule {
     /// Entropy (nats) above which a token counts as a transition, > 0 (default 2.0: ≈ e² ≈ 7
@@ -246,13 +248,14 @@ impl Default for RpdiRule {
 
 /// What the logits processor forces when a rule fires: the closing text (if any), then the
 /// model's reasoning-end marker (from vLLM's reasoning parser, never configured here).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClosingPolicy {
     /// A short sentence emitted before the marker, e.g. the Qwen3 technical report's (§4.3)
     /// "Considering the limited time by the user, I have to give the solution based on the
     /// thinking directly now.\n" (default none: the bare marker, as vLLM's
-    /// `thinking_token_budget` does). Not blank; at most [`MAX_CLOSING_TEXT_CHARS`] characters.
+    /// `thinking_token_budget` does). Not blank; at most 512 characters
+    /// ([`MAX_CLOSING_TEXT_CHARS`]).
     pub closing_text: Option<String>,
 }
 

@@ -36,6 +36,13 @@ fn check_request_args(args_json: &str, config: Option<&PyConfig>) -> PyResult<()
     core::check_request_args(args_json, config.map(|c| &c.inner)).map_err(to_py)
 }
 
+/// The JSON Schema of the `meridian` block of `--additional-config`, as the core derives it from
+/// the structs it parses (every accepted key, its type and its explanation).
+#[pyfunction]
+fn config_schema() -> String {
+    core::Config::json_schema()
+}
+
 /// Validated Meridian configuration.
 #[pyclass(module = "meridian._core", name = "Config", frozen)]
 #[derive(Clone)]
@@ -49,6 +56,12 @@ impl PyConfig {
     #[staticmethod]
     fn from_json(text: &str) -> PyResult<Self> {
         core::Config::from_json(text).map(|inner| Self { inner }).map_err(to_py)
+    }
+
+    /// The configuration as the JSON block that parses back to it (every key given but those
+    /// left unset); `Config.from_json("{}").to_json()` holds every default.
+    fn to_json(&self) -> String {
+        self.inner.to_json()
     }
 
     /// Class names in class-id order.
@@ -735,5 +748,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<thinking::PyThinkingStream>()?;
     m.add_function(wrap_pyfunction!(kernel_source, m)?)?;
     m.add_function(wrap_pyfunction!(check_request_args, m)?)?;
+    m.add_function(wrap_pyfunction!(config_schema, m)?)?;
     Ok(())
 }

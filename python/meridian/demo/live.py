@@ -50,7 +50,7 @@ ONE_ROUND_CAVEAT = (
     "rounds (the speed probe need not show it). The pooled medians above can go either way; the per-class rows "
     "and the preemptions are steadier. Throughput and goodput are aiperf's: divided by the time to the last "
     "answer, which Meridian lengthens by serving the batch class last (inside its target). Medians over "
-    "alternating rounds: `make bench-live` (README, Benchmarks).")
+    "alternating rounds: `make bench-live` (docs/benchmarks/live-ab.md).")
 
 
 def run_part(model: Path | None, cache_dir: Path, num_requests: int = DEMO_REQUESTS, rate_rps: float = DEMO_RATE_RPS) -> dict[str, Any]:

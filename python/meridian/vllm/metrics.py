@@ -38,7 +38,10 @@ from meridian._core import SHED_REASONS, THINKING_STOP_RULES
 from meridian.vllm._version import require_supported_vllm
 from meridian.vllm.bus import bus_dir
 from meridian.errors import ConfigError
-from meridian.vllm.names import BUS_DIR_ENV, METRIC_NAMES, SCHEDULER_CLS
+from meridian.vllm.names import (
+    BUS_DIR_ENV, CLASS_TARGETS, KV_TIER_DECISIONS, PREEMPTION_PHASES, REQUEST_STATES, SCHEDULER_CLS, SERIES,
+    STEP_TIME_TERMS,
+)
 
 require_supported_vllm()
 
@@ -56,18 +59,11 @@ logger = logging.getLogger("meridian")
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 #: Least seconds between two refreshes of the gauges while requests run.
 GAUGE_PERIOD_S = 0.25
-#: States a request is counted in by ``meridian:num_requests``.
-REQUEST_STATES = ("waiting", "prefilling", "thinking", "answering")
-#: Victim phases of ``meridian:preemptions_total``, as the core counts them.
-PREEMPTION_PHASES = ("prefill", "think", "answer")
-#: Terms of the step-time model (``meridian:step_time_model_ms``), in the core's order.
-STEP_TIME_TERMS = ("base", "per_prefill_token", "per_decode_request", "per_context_token")
-#: Targets of ``meridian:class_target_seconds``, as the configuration names them (``<target>_ms``).
-CLASS_TARGETS = ("ttft", "ttfat", "answer_tpot", "e2e")
-
 TTFAT_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 TPOT_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 THINKING_TOKEN_BUCKETS = (0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+#: Bucket edges of each histogram, by series key.
+BUCKETS = {"ttfat": TTFAT_BUCKETS_S, "answer_tpot": TPOT_BUCKETS_S, "thinking_tokens": THINKING_TOKEN_BUCKETS}
 
 _VALUE_CLASSES: dict[str, Any] = {}
 _VALUE_LOCK = threading.Lock()
@@ -129,58 +125,37 @@ class MeridianMetrics:
                 self._child(self.class_target, **{"class": name}, target=target).set(_seconds(value))
 
     def _make_series(self) -> None:
-        n = METRIC_NAMES
-        base, per_class = ["model_name", "engine"], ["model_name", "engine", "class"]
+        def make(key: str) -> Any:
+            series = SERIES[key]
+            labels = ["model_name", "engine", *series.labels]
+            if series.kind == "counter":
+                # prometheus_client appends `_total` to a counter's exposed name.
+                return Counter(series.name.removesuffix("_total"), series.help, labels, registry=None)
+            if series.kind == "gauge":
+                return Gauge(series.name, series.help, labels, registry=None, multiprocess_mode="mostrecent")
+            return Histogram(series.name, series.help, labels, registry=None, buckets=BUCKETS[key])
 
-        def counter(name: str, doc: str, labels: list[str]) -> Counter:
-            # prometheus_client appends `_total` to a counter's exposed name.
-            return Counter(name.removesuffix("_total"), doc, labels, registry=None)
-
-        def gauge(name: str, doc: str, labels: list[str]) -> Gauge:
-            return Gauge(name, doc, labels, registry=None, multiprocess_mode="mostrecent")
-
-        self.ttfat = Histogram(n["ttfat"], "Time to first output (answer) token per finished request (TTFAT).",
-                               per_class, registry=None, buckets=TTFAT_BUCKETS_S)
-        self.answer_tpot = Histogram(n["answer_tpot"], "Mean time per answer token per finished request.",
-                                     per_class, registry=None, buckets=TPOT_BUCKETS_S)
-        self.thinking_tokens = Histogram(n["thinking_tokens"], "Reasoning tokens per finished request.",
-                                         per_class, registry=None, buckets=THINKING_TOKEN_BUCKETS)
-        self.requests_finished = counter(n["requests_finished"], "Finished requests by class and whether "
-                                         "they met every class target (aborted ones count as missed).",
-                                         [*per_class, "met_slo"])
-        self.preemptions = counter(n["preemptions"], "Preemptions by the victim's phase.", [*base, "phase"])
-        self.answer_preemption_alarms = counter(
-            n["answer_preemption_alarms"], "Answering requests preempted while a thinking request ran.", base)
-        self.arrival_preemptions = counter(
-            n["arrival_preemptions"], "Running requests preempted for a more important arrival.", per_class)
-        self.shed_requests = counter(n["shed_requests"], "Requests ended early because they could no longer meet "
-                                     "their class's targets (on_overload: shed), by the target they would miss.",
-                                     [*per_class, "reason"])
-        self.thinking_stops = counter(n["thinking_stops"], "Reasoning ended by a thinking-control rule.",
-                                      [*base, "rule"])
-        self.kv_tier_resumes = counter(n["kv_tier_resumes"], "Tier hits on resume: loaded or recomputed.",
-                                       [*base, "decision"])
-        self.kv_tier_resume_tokens = counter(n["kv_tier_resume_tokens"], "Tokens of those hits.",
-                                             [*base, "decision"])
-        self.kv_tier_failed_load_blocks = counter(n["kv_tier_failed_load_blocks"],
-                                                  "KV blocks whose load failed (recomputed).", base)
-        self.num_requests = gauge(n["num_requests"], "Requests by class and state.", [*per_class, "state"])
-        self.least_slack = gauge(n["least_slack"], "Least slack before a TTFAT/TTFT deadline among the "
-                                 "class's requests not answering yet (NaN: none).", per_class)
-        self.ttfat_headroom = gauge(n["ttfat_headroom"], "Time left to the class's nearest TTFAT deadline "
-                                    "(NaN: no request before its answer).", per_class)
-        self.recent_attainment = gauge(n["recent_ttfat_attainment"], "TTFAT attainment of the class's recent "
-                                       "completions (NaN before the first).", per_class)
-        self.saturation = gauge(n["saturation"], "How long a new request of the class would wait for its first "
-                                "token, in units of its TTFT target (>= 1: it would miss it; route elsewhere).",
-                                per_class)
-        self.phase_weighted_queue = gauge(n["phase_weighted_queue"], "Expected remaining output of every request, "
-                                          "in fresh requests of its class (a queue length for routers).", base)
-        self.class_target = gauge(n["class_target"], "The class's targets (NaN: none set).", [*per_class, "target"])
-        self.expected_output_tokens = gauge(n["expected_output_tokens"], "Expected remaining output tokens of every "
-                                            "request (the phase-weighted queue in tokens; integer-safe for routers).",
-                                            base)
-        self.step_time_model = gauge(n["step_time_model"], "The step-time model's coefficients.", [*base, "term"])
+        self.ttfat = make("ttfat")
+        self.answer_tpot = make("answer_tpot")
+        self.thinking_tokens = make("thinking_tokens")
+        self.requests_finished = make("requests_finished")
+        self.preemptions = make("preemptions")
+        self.answer_preemption_alarms = make("answer_preemption_alarms")
+        self.arrival_preemptions = make("arrival_preemptions")
+        self.shed_requests = make("shed_requests")
+        self.thinking_stops = make("thinking_stops")
+        self.kv_tier_resumes = make("kv_tier_resumes")
+        self.kv_tier_resume_tokens = make("kv_tier_resume_tokens")
+        self.kv_tier_failed_load_blocks = make("kv_tier_failed_load_blocks")
+        self.num_requests = make("num_requests")
+        self.least_slack = make("least_slack")
+        self.ttfat_headroom = make("ttfat_headroom")
+        self.recent_attainment = make("recent_ttfat_attainment")
+        self.saturation = make("saturation")
+        self.phase_weighted_queue = make("phase_weighted_queue")
+        self.class_target = make("class_target")
+        self.expected_output_tokens = make("expected_output_tokens")
+        self.step_time_model = make("step_time_model")
         # Create every child now (each value's file is chosen when it is created).
         for name in self._class_names:
             for series in (self.ttfat, self.answer_tpot, self.thinking_tokens, self.arrival_preemptions,
@@ -196,7 +171,7 @@ class MeridianMetrics:
             self._child(self.preemptions, phase=phase)
         for rule in THINKING_STOP_RULES:
             self._child(self.thinking_stops, rule=rule)
-        for decision in ("loaded", "recomputed"):
+        for decision in KV_TIER_DECISIONS:
             self._child(self.kv_tier_resumes, decision=decision)
             self._child(self.kv_tier_resume_tokens, decision=decision)
         for term in STEP_TIME_TERMS:

@@ -11,23 +11,35 @@ process) can read it without importing vLLM.
 
 from __future__ import annotations
 
-from meridian._core import CLASS_ARG, POLICY_NAMES, THINKING_ARG, THINKING_BUDGET_ARG
+from typing import Literal, NamedTuple
+
+from meridian._core import (
+    CLASS_ARG, POLICY_NAMES, SHED_REASONS, THINKING_ARG, THINKING_BUDGET_ARG, THINKING_STOP_RULES,
+)
 
 __all__ = [
     "BUS_DIR_ENV",
     "CLASS_ARG",
+    "CLASS_TARGETS",
     "CONFIG_KEY",
+    "KV_TIER_DECISIONS",
     "LOGITS_PROCESSOR",
     "MIDDLEWARE",
+    "LABEL_VALUES",
     "METRIC_NAMES",
+    "SERIES",
     "POLICY_NAMES",
+    "PREEMPTION_PHASES",
     "PROBE_FOR_ARG",
     "PROBE_ID_INFIX",
     "REPORT_FIELDS",
     "REQUEST_ARGS",
+    "REQUEST_STATES",
     "REQ_ID_ARG",
     "RESOLVED_CLASS_ARG",
     "SCHEDULER_CLS",
+    "STEP_TIME_TERMS",
+    "Series",
     "THINKING_ARG",
     "THINKING_BUDGET_ARG",
     "THINKING_STOP_FIELDS",
@@ -72,28 +84,98 @@ REPORT_FIELDS = (
 #: Fields after them: the thinking-control rule that ended the reasoning, and after how many tokens.
 THINKING_STOP_FIELDS = ("thinking_stopped_by", "thinking_stopped_after_tokens")
 
-#: Meridian's series on vLLM's ``/metrics`` (as exposed: counters end in ``_total``), by key.
-#: The dashboard, the tests and the router recipe read these names.
-METRIC_NAMES = {
-    "ttfat": "meridian:time_to_first_output_token_seconds",
-    "answer_tpot": "meridian:answer_time_per_output_token_seconds",
-    "thinking_tokens": "meridian:thinking_tokens",
-    "requests_finished": "meridian:requests_finished_total",
-    "preemptions": "meridian:preemptions_total",
-    "answer_preemption_alarms": "meridian:answer_preemption_alarms_total",
-    "arrival_preemptions": "meridian:arrival_preemptions_total",
-    "shed_requests": "meridian:shed_requests_total",
-    "thinking_stops": "meridian:thinking_stops_total",
-    "kv_tier_resumes": "meridian:kv_tier_resumes_total",
-    "kv_tier_resume_tokens": "meridian:kv_tier_resume_tokens_total",
-    "kv_tier_failed_load_blocks": "meridian:kv_tier_failed_load_blocks_total",
-    "num_requests": "meridian:num_requests",
-    "least_slack": "meridian:least_slack_seconds",
-    "ttfat_headroom": "meridian:ttfat_headroom_seconds",
-    "recent_ttfat_attainment": "meridian:recent_ttfat_attainment",
-    "phase_weighted_queue": "meridian:phase_weighted_queue",
-    "expected_output_tokens": "meridian:expected_output_tokens",
-    "saturation": "meridian:saturation",
-    "step_time_model": "meridian:step_time_model_ms",
-    "class_target": "meridian:class_target_seconds",
+class Series(NamedTuple):
+    """One of Meridian's series on vLLM's ``/metrics``: what ``meridian.vllm.metrics`` creates and
+    the documentation's metrics reference lists, from this one definition."""
+
+    #: Short key the code and the tests use.
+    key: str
+    #: The name as exposed (a counter's ends in ``_total``).
+    name: str
+    kind: Literal["counter", "gauge", "histogram"]
+    #: Labels besides ``model_name`` and ``engine`` (vLLM's own; ``engine`` is the data-parallel rank).
+    labels: tuple[str, ...]
+    #: The series' HELP text, which the reference shows too.
+    help: str
+
+
+#: Victim phases of ``meridian:preemptions_total``, as the core counts them.
+PREEMPTION_PHASES = ("prefill", "think", "answer")
+#: States a request is counted in by ``meridian:num_requests``.
+REQUEST_STATES = ("waiting", "prefilling", "thinking", "answering")
+#: Terms of the step-time model (``meridian:step_time_model_ms``), in the core's order.
+STEP_TIME_TERMS = ("base", "per_prefill_token", "per_decode_request", "per_context_token")
+#: Targets of ``meridian:class_target_seconds``, as the configuration names them (``<target>_ms``).
+CLASS_TARGETS = ("ttft", "ttfat", "answer_tpot", "e2e")
+#: What became of a KV-tier hit on resume.
+KV_TIER_DECISIONS = ("loaded", "recomputed")
+
+#: The values of every label with a fixed set of them (``class`` takes the configured class names).
+LABEL_VALUES: dict[str, tuple[str, ...]] = {
+    "met_slo": ("true", "false"),
+    "phase": PREEMPTION_PHASES,
+    "reason": SHED_REASONS,
+    "rule": THINKING_STOP_RULES,
+    "decision": KV_TIER_DECISIONS,
+    "state": REQUEST_STATES,
+    "term": STEP_TIME_TERMS,
+    "target": CLASS_TARGETS,
 }
+
+#: Meridian's series on vLLM's ``/metrics``, by key. The dashboard, the tests, the router recipe
+#: and the documentation read these.
+SERIES: dict[str, Series] = {s.key: s for s in (
+    Series("ttfat", "meridian:time_to_first_output_token_seconds", "histogram", ("class",),
+           "Time to first output (answer) token of each finished request that answered (TTFAT; what "
+           "aiperf calls TTFO)."),
+    Series("answer_tpot", "meridian:answer_time_per_output_token_seconds", "histogram", ("class",),
+           "Mean time per answer token of each finished request (answer TPOT)."),
+    Series("thinking_tokens", "meridian:thinking_tokens", "histogram", ("class",),
+           "Reasoning tokens per finished request."),
+    Series("requests_finished", "meridian:requests_finished_total", "counter", ("class", "met_slo"),
+           "Finished requests by class and whether they met every class target (aborted ones count as "
+           "missed)."),
+    Series("preemptions", "meridian:preemptions_total", "counter", ("phase",),
+           "Preemptions by the victim's phase."),
+    Series("answer_preemption_alarms", "meridian:answer_preemption_alarms_total", "counter", (),
+           "Answering requests preempted while a thinking request ran (each is also logged)."),
+    Series("arrival_preemptions", "meridian:arrival_preemptions_total", "counter", ("class",),
+           "Running requests preempted for a more important arrival, by the victim's class."),
+    Series("shed_requests", "meridian:shed_requests_total", "counter", ("class", "reason"),
+           "Requests ended early because they could no longer meet their class's targets "
+           "(on_overload: shed), by the target they would miss."),
+    Series("thinking_stops", "meridian:thinking_stops_total", "counter", ("rule",),
+           "Reasoning ended by a thinking-control rule."),
+    Series("kv_tier_resumes", "meridian:kv_tier_resumes_total", "counter", ("decision",),
+           "KV-tier hits on resume, loaded or recomputed."),
+    Series("kv_tier_resume_tokens", "meridian:kv_tier_resume_tokens_total", "counter", ("decision",),
+           "Tokens of those hits, loaded or recomputed."),
+    Series("kv_tier_failed_load_blocks", "meridian:kv_tier_failed_load_blocks_total", "counter", (),
+           "KV blocks whose load from a tier failed (recomputed)."),
+    Series("num_requests", "meridian:num_requests", "gauge", ("class", "state"),
+           "Requests by class and state."),
+    Series("least_slack", "meridian:least_slack_seconds", "gauge", ("class",),
+           "Least slack before a TTFAT/TTFT deadline among the class's requests not answering yet "
+           "(NaN: none)."),
+    Series("ttfat_headroom", "meridian:ttfat_headroom_seconds", "gauge", ("class",),
+           "Time left to the class's nearest TTFAT deadline (NaN: no request before its answer)."),
+    Series("recent_ttfat_attainment", "meridian:recent_ttfat_attainment", "gauge", ("class",),
+           "TTFAT attainment of the class's recent completions, the load-aware thinking budget's input "
+           "(NaN before the first)."),
+    Series("phase_weighted_queue", "meridian:phase_weighted_queue", "gauge", (),
+           "Expected remaining output of every request, in fresh requests of its class: a queue length "
+           "for routers in which a request past its thinking weighs less than a fresh one."),
+    Series("expected_output_tokens", "meridian:expected_output_tokens", "gauge", (),
+           "Expected remaining output tokens of every request (the phase-weighted queue in tokens; "
+           "integer-safe for routers that read a gauge as an integer)."),
+    Series("saturation", "meridian:saturation", "gauge", ("class",),
+           "How long a new request of the class would wait for its first token, in units of its TTFT "
+           "target (>= 1: it would miss it; route it elsewhere)."),
+    Series("step_time_model", "meridian:step_time_model_ms", "gauge", ("term",),
+           "The step-time model's coefficients."),
+    Series("class_target", "meridian:class_target_seconds", "gauge", ("class", "target"),
+           "The class's targets, for dashboards (NaN: not set)."),
+)}
+
+#: Each series' exposed name, by key.
+METRIC_NAMES = {key: series.name for key, series in SERIES.items()}
