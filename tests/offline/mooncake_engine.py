@@ -2,8 +2,11 @@
 per process): greedy outputs of the seeded prompts through vLLM's ``MooncakeStoreConnector``,
 written as JSON; engine A then keeps its store segment alive until the test says it is done.
 
-    python mooncake_engine.py MODEL OUT_JSON [--wait-for FILE] [--scheduler-cls CLS] [--host-tier]
-        [--reasoning] [--max-tokens N] [--kv-cache-blocks N] [--meridian JSON]
+    python mooncake_engine.py MODEL OUT_JSON [--start-after FILE] [--wait-for FILE] [--scheduler-cls CLS]
+        [--host-tier] [--reasoning] [--max-tokens N] [--kv-cache-blocks N] [--meridian JSON]
+
+``--start-after`` builds the engine at once and holds its prompts until the file exists, so a
+second engine starts up while the first one computes (an engine's start-up is most of its time).
 
 ``--host-tier`` puts Meridian's host tier in front of the store, both parts of vLLM's
 ``MultiConnector``; ``--reasoning`` ends each prompt with ``<think>`` under vLLM's ``deepseek_r1``
@@ -85,6 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
     parser.add_argument("out", type=Path)
+    parser.add_argument("--start-after", type=Path, default=None)
     parser.add_argument("--wait-for", type=Path, default=None)
     parser.add_argument("--scheduler-cls", default=None)
     parser.add_argument("--host-tier", action="store_true")
@@ -110,6 +114,8 @@ def main() -> None:
     tail = [THINK_START] if args.reasoning else []
     prompts = [{"prompt_token_ids": [rng.randrange(8, 60) for _ in range(PROMPT_TOKENS)] + tail}
                for _ in range(NUM_PROMPTS)]
+    while args.start_after is not None and not args.start_after.exists():
+        time.sleep(0.2)
     results = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True))
     report = scheduler_report(llm.llm_engine.engine_core.engine_core.scheduler)
     args.out.write_text(json.dumps({"tokens": [list(r.outputs[0].token_ids) for r in results],

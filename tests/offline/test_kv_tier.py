@@ -71,6 +71,41 @@ def generate(model: Path, *, kv_cache_blocks: int, kv_transfer_config: dict[str,
     return [list(r.outputs[0].token_ids) for r in results]
 
 
+#: Greedy tokens of the unpressured run, for plain or reasoning prompts.
+Reference = Callable[[bool], list[list[int]]]
+
+
+@pytest.fixture(scope="module")
+def unpressured(random_model: Path) -> Reference:
+    """The unpressured run each test compares with, made once per module (an engine start is most
+    of a test's time): greedy tokens of an engine with room for every request — stock vLLM's
+    scheduler, or for reasoning prompts Meridian's with vLLM's reasoning parser — checked to have
+    preempted nothing."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    made: dict[bool, list[list[int]]] = {}
+
+    def tokens(reasoning: bool) -> list[list[int]]:
+        if reasoning not in made:
+            preemptions: list[object] = []
+            preempt = Scheduler._preempt_request
+
+            def counting_preempt(self: Any, *args: Any, **kwargs: Any) -> Any:
+                preemptions.append(args)
+                return preempt(self, *args, **kwargs)
+
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+                patch.setattr(Scheduler, "_preempt_request", counting_preempt)
+                made[reasoning] = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None,
+                                           reasoning=reasoning,
+                                           scheduler_cls="meridian.vllm.MeridianScheduler" if reasoning else None)
+            assert not preemptions, "the unpressured run preempted"
+        return made[reasoning]
+
+    return tokens
+
+
 class Counts:
     def __init__(self) -> None:
         self.preemptions = self.loads = self.stores = 0
@@ -107,9 +142,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counts:
 
 @pytest.mark.parametrize("scheduler_cls", [None, "meridian.vllm.MeridianScheduler"], ids=["vllm", "meridian"])
 def test_preempted_requests_restore_from_the_host_tier_token_for_token(random_model: Path, counted: Counts,
+                                                                        unpressured: Reference,
                                                                         scheduler_cls: str | None) -> None:
-    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None, scheduler_cls=scheduler_cls)
-    assert counted.preemptions == 0
     # Six requests of up to 140 tokens (5 blocks each) in 12 blocks: preemption every few steps.
     seen: dict[str, Any] = {}
 
@@ -120,7 +154,7 @@ def test_preempted_requests_restore_from_the_host_tier_token_for_token(random_mo
     tiered = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024),
                       scheduler_cls=scheduler_cls, meridian=ALWAYS_RESTORE, inspect=inspect)
     assert counted.preemptions > 0 and counted.stores > 0 and counted.loads > 0, vars(counted)
-    assert tiered == roomy
+    assert tiered == unpressured(False)
     if scheduler_cls is not None:
         assert seen["num_restores"] == counted.loads and seen["load_ms_per_token"] != 0.005, seen
 
@@ -136,7 +170,7 @@ def stated_costs(load_ms_per_token: float) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("load_ms_per_token", "restores"), [(0.001, True), (10.0, False)],
                          ids=["restore-wins", "recompute-wins"])
-def test_restore_or_recompute_follows_the_stated_costs(random_model: Path, counted: Counts,
+def test_restore_or_recompute_follows_the_stated_costs(random_model: Path, counted: Counts, unpressured: Reference,
                                                        load_ms_per_token: float, restores: bool) -> None:
     """The cost model decides on the real engine: the same preemptions either load their stored
     blocks or recompute them, the tokens are those of the unpressured run either way, and the
@@ -146,7 +180,7 @@ def test_restore_or_recompute_follows_the_stated_costs(random_model: Path, count
     def inspect(scheduler: Any) -> None:
         seen.update(scheduler.meridian.kv_tier_counters())
 
-    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None)
+    roomy = unpressured(False)
     tiered = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024),
                       scheduler_cls="meridian.vllm.MeridianScheduler", meridian=stated_costs(load_ms_per_token),
                       inspect=inspect)
@@ -160,12 +194,12 @@ def test_restore_or_recompute_follows_the_stated_costs(random_model: Path, count
         assert seen["num_recomputed_tokens"] >= BLOCK_TOKENS * seen["num_recomputes"]
 
 
-def test_corrupted_restores_change_the_output(random_model: Path, counted: Counts,
+def test_corrupted_restores_change_the_output(random_model: Path, counted: Counts, unpressured: Reference,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The check that the bytes matter: every load zeroes what it restored."""
     from meridian.vllm.kvtier import HostCopyWorker
 
-    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None)
+    roomy = unpressured(False)
     copy = HostCopyWorker._copy
 
     def noisy_copy(self: HostCopyWorker, job_id: int, engine_spec: Any, host_spec: Any, *, to_host: bool) -> bool:
@@ -203,8 +237,9 @@ def failing_loads(monkeypatch: pytest.MonkeyPatch, num_failing: int | None) -> N
 @pytest.mark.parametrize(("scheduler_cls", "num_failing"),
                          [(None, 2), ("meridian.vllm.MeridianScheduler", 2), ("meridian.vllm.MeridianScheduler", None)],
                          ids=["vllm-transient", "meridian-transient", "meridian-every-load"])
-def test_failed_loads_are_recomputed_and_nothing_is_lost(random_model: Path, counted: Counts, monkeypatch: pytest.MonkeyPatch,
-                                                         scheduler_cls: str | None, num_failing: int | None) -> None:
+def test_failed_loads_are_recomputed_and_nothing_is_lost(random_model: Path, counted: Counts, unpressured: Reference,
+                                                         monkeypatch: pytest.MonkeyPatch, scheduler_cls: str | None,
+                                                         num_failing: int | None) -> None:
     """MeridianOffloadingConnector reports the blocks of a failed load and vLLM's
     ``kv_load_failure_policy: recompute`` recomputes them: the tokens are the unpressured run's.
     When every load fails, Meridian recomputes a request after its first failure (stock vLLM
@@ -215,7 +250,7 @@ def test_failed_loads_are_recomputed_and_nothing_is_lost(random_model: Path, cou
         if scheduler_cls is not None:
             seen.update(scheduler.meridian.kv_tier_counters())
 
-    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None)
+    roomy = unpressured(False)
     failing_loads(monkeypatch, num_failing)
     tiered = generate(random_model, kv_cache_blocks=12,
                       kv_transfer_config=tier_config(64 * 1024 * 1024, "MeridianOffloadingConnector"),
@@ -226,7 +261,8 @@ def test_failed_loads_are_recomputed_and_nothing_is_lost(random_model: Path, cou
         assert seen["num_failed_load_blocks"] > 0, seen
 
 
-def test_the_disk_tier_serves_a_fresh_engine_after_a_restart(random_model: Path, counted: Counts, tmp_path: Path) -> None:
+def test_the_disk_tier_serves_a_fresh_engine_after_a_restart(random_model: Path, counted: Counts,
+                                                            unpressured: Reference, tmp_path: Path) -> None:
     """vLLM's tiering spec with its file-system secondary tier, on the host-copy worker: a first
     engine stores its prompts' blocks through the host tier to disk and exits; a second engine
     (a new host tier, empty) loads them back from disk on its first requests, and its tokens are
@@ -240,7 +276,7 @@ def test_the_disk_tier_serves_a_fresh_engine_after_a_restart(random_model: Path,
     def shared_regions() -> set[str]:
         return {name for name in os.listdir("/dev/shm") if name.startswith("vllm_offload_")}
 
-    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None)
+    roomy = unpressured(False)
     # Other processes on the machine may hold regions of their own: only this engine's count.
     regions_before = shared_regions()
     first = generate(random_model, kv_cache_blocks=64, kv_transfer_config=config)
@@ -262,8 +298,8 @@ def disk_tier_config(root: Path) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("prefetch_requests", [0, 4], ids=["no-prefetch", "prefetch"])
-def test_prefetch_moves_disk_prefixes_up_before_their_turn(random_model: Path, counted: Counts, tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch,
+def test_prefetch_moves_disk_prefixes_up_before_their_turn(random_model: Path, counted: Counts, unpressured: Reference,
+                                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            prefetch_requests: int) -> None:
     """A fresh engine whose prompts' prefixes are on disk (a first engine put them there), one
     seat, the first request running when the others arrive: vLLM's tiering manager moves a block
@@ -275,7 +311,7 @@ def test_prefetch_moves_disk_prefixes_up_before_their_turn(random_model: Path, c
     from vllm import LLM, SamplingParams
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 
-    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None)
+    roomy = unpressured(False)
     config = disk_tier_config(tmp_path / "kv")
     assert generate(random_model, kv_cache_blocks=64, kv_transfer_config=config) == roomy
     deferred: list[str] = []
@@ -315,7 +351,8 @@ def test_prefetch_moves_disk_prefixes_up_before_their_turn(random_model: Path, c
         assert set(deferred) == {"r0"}, deferred
 
 
-def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random_model: Path, counted: Counts) -> None:
+def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random_model: Path, counted: Counts,
+                                                                          unpressured: Reference) -> None:
     """Thinking requests stored block by block (so a preempted one restores); when each finishes,
     the core's never-reusable token marks it and the tier's policy demotes those blocks."""
     seen: dict[str, Any] = {}
@@ -325,8 +362,7 @@ def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random
         seen.update(hooks=scheduler.kv_tier, policy=type(manager._policy).__name__,
                     ranks=dict(manager._policy._ranks))
 
-    roomy = generate(random_model, kv_cache_blocks=64, kv_transfer_config=None, reasoning=True,
-                     scheduler_cls="meridian.vllm.MeridianScheduler")
+    roomy = unpressured(True)
     tiered = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024),
                       reasoning=True, scheduler_cls="meridian.vllm.MeridianScheduler", meridian=ALWAYS_RESTORE,
                       inspect=inspect)

@@ -87,24 +87,28 @@ def mooncake_store(tmp_path: Path) -> Iterator[dict[str, str]]:
 
 def run_engines(model: Path, env: dict[str, str], tmp_path: Path, args_a: Sequence[str] = (),
                 args_b: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Engine A stores the seeded prompts and stays up; engine B, another process, runs them
-    while A's segment is in the store. Each engine's JSON (``mooncake_engine.py``)."""
+    """Engine A stores the seeded prompts and stays up; engine B, another process started beside
+    it, runs them once A has finished, while A's segment is in the store. Each engine's JSON
+    (``mooncake_engine.py``)."""
     done, out_a, out_b = tmp_path / "done", tmp_path / "a.json", tmp_path / "b.json"
     with (tmp_path / "a.log").open("wb") as log_a, (tmp_path / "b.log").open("wb") as log_b:
         engine_a = subprocess.Popen([sys.executable, str(ENGINE), str(model), str(out_a), "--wait-for", str(done),
                                      *args_a], env=env, stdout=log_a, stderr=subprocess.STDOUT)
+        # A's output file is written once its prompts are done (and stored): B reads from A's
+        # segment only then; its start-up overlaps A's.
+        engine_b = subprocess.Popen([sys.executable, str(ENGINE), str(model), str(out_b), "--start-after", str(out_a),
+                                     *args_b], env=env, stdout=log_b, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + 300
-            while not out_a.exists():
-                assert engine_a.poll() is None, (tmp_path / "a.log").read_text()[-3000:]
-                assert time.monotonic() < deadline, "engine A did not finish its prompts"
+            deadline = time.monotonic() + 600
+            while engine_b.poll() is None:
+                assert engine_a.poll() is None or out_a.exists(), (tmp_path / "a.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the engines did not finish their prompts"
                 time.sleep(0.5)
-            # A's segment stays in the store while A lives: B reads from it now.
-            engine_b = subprocess.run([sys.executable, str(ENGINE), str(model), str(out_b), *args_b],
-                                      env=env, stdout=log_b, stderr=subprocess.STDOUT, timeout=300)
             assert engine_b.returncode == 0, (tmp_path / "b.log").read_text()[-3000:]
         finally:
             done.touch()
+            if engine_b.poll() is None:
+                engine_b.kill()
             engine_a.wait(timeout=60)
     return json.loads(out_a.read_text()), json.loads(out_b.read_text())
 
