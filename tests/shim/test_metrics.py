@@ -107,3 +107,42 @@ def test_an_unwritable_metrics_folder_is_a_config_error_naming_the_variable(
     blocker.write_text("")
     with pytest.raises(ConfigError, match="MERIDIAN_BUS_DIR"):
         scheduler_with_metrics(tiny_model, blocker, monkeypatch)
+
+
+def test_a_paused_engines_gauges_show_exactly_what_it_holds_arrivals_included(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # vLLM's `/pause?mode=keep` (a weight update) stops the steps that refresh the gauges: they are
+    # written when the pause takes effect and on each arrival during it, so they match the engine.
+    from vllm.v1.core.sched.interface import PauseState
+
+    from meridian.vllm import MeridianScheduler
+
+    monkeypatch.setenv("MERIDIAN_BUS_DIR", str(tmp_path))
+    spec = EngineSpec(model_dir=tiny_model, max_num_seqs=2, additional_config={"meridian": {"metrics": True}})
+    scheduler = build_scheduler(MeridianScheduler, spec)
+    prompt = [WORD_IDS[i % len(WORD_IDS)] for i in range(20)]
+    engine = OfflineEngine(scheduler)
+    for i in range(6):
+        engine.submit(scripted_request(f"r{i}", 0.0, prompt, reasoning_script(200, 4)))
+    engine.advance_to(40.0)
+
+    def held() -> dict[str, float]:
+        started = sum(r.num_output_tokens > 0 for r in scheduler.running)
+        return {"waiting": len(scheduler.waiting) + len(scheduler.kv_holding_waiting),
+                "prefilling": len(scheduler.running) - started, "thinking": started, "answering": 0}
+
+    def gauges() -> dict[str, float]:
+        samples = collected(scheduler.metrics.directory)
+        return {state: total(samples, METRIC_NAMES["num_requests"], state=state) for state in REQUEST_STATES}
+
+    scheduler.set_pause_state(PauseState.PAUSED_ALL)
+    assert held() == {"waiting": 4, "prefilling": 0, "thinking": 2, "answering": 0}
+    assert gauges() == held()
+    engine.submit(scripted_request("late", engine.now_ms, prompt, reasoning_script(5, 2)))
+    engine.advance_to(engine.now_ms)  # a paused engine takes no step: the arrival is only added
+    assert held()["waiting"] == 5 and gauges() == held()
+    scheduler.set_pause_state(PauseState.UNPAUSED)
+    run = engine.finish()
+    assert len(run.reports) == 7
+    assert gauges() == {state: 0.0 for state in REQUEST_STATES}

@@ -10,7 +10,9 @@ one API server (where vLLM serves its in-memory registry), into a directory of i
 ``vllm.stat_logger_plugins`` entry point — adds to the registry vLLM serves. Counters and
 histograms are written once, by the engine core that owns them, so several API servers read the
 same numbers and never add them up twice. Gauges are refreshed at most every
-``GAUGE_PERIOD_S`` and whenever the engine runs out of requests (so they read zero when idle);
+``GAUGE_PERIOD_S`` while the engine steps, and on every change while it has nothing to step: when
+it runs out of requests (so they read zero when idle) and while vLLM's scheduler is paused (an
+arrival or abort then is followed by no step: the gauges show the queue the paused engine holds);
 histograms are observed as requests finish; counters mirror the core's monotone counters.
 Invariant: only Meridian's own metric objects write to files — the process' other
 ``prometheus_client`` metrics and its environment are left as they were — and nothing here
@@ -195,7 +197,8 @@ class MeridianMetrics:
     # ---- refreshed with the gauges ----------------------------------------------------------
 
     def due(self, idle: bool) -> bool:
-        """Whether to refresh now: every ``GAUGE_PERIOD_S`` while requests run, and when idle."""
+        """Whether to refresh now: every ``GAUGE_PERIOD_S`` while requests run, and when idle
+        (vLLM counts no unfinished request while its paused scheduler has nothing to step)."""
         return idle or time.monotonic() - self._last_gauges_s >= GAUGE_PERIOD_S
 
     def refresh(self, core: Meridian, now_ms: float, running: list[int], waiting: list[int],

@@ -42,6 +42,7 @@ from meridian.vllm.probes import ProbeBook  # noqa: E402
 from meridian.vllm.queue import MeridianWaitingQueue  # noqa: E402
 
 if TYPE_CHECKING:
+    from vllm.v1.core.sched.interface import PauseState
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.outputs import ModelRunnerOutput
 
@@ -230,6 +231,9 @@ class MeridianScheduler(AsyncScheduler):
             self.meridian.set_block_hashes(handle, convert.block_hash_keys(request.block_hashes), convert.HASH_KEY_BYTES)
         self._stamp_worker_args(request, slo_class)
         super().add_request(request)
+        # No step follows an arrival while vLLM is paused (`/pause?mode=keep`, a weight update):
+        # the gauges are written here, or they would not show the queue that builds meanwhile.
+        self._refresh_metrics()
 
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         started = time.perf_counter()
@@ -309,6 +313,12 @@ class MeridianScheduler(AsyncScheduler):
         finished = super().finish_requests(*args, **kwargs)
         self._refresh_metrics()
         return finished
+
+    def set_pause_state(self, pause_state: PauseState) -> None:
+        # A paused engine takes no step that would refresh the gauges: they are written now, so
+        # while it is paused they show exactly the requests it holds.
+        super().set_pause_state(pause_state)
+        self._refresh_metrics()
 
     def has_requests(self) -> bool:
         return bool(self._ended) or super().has_requests()
