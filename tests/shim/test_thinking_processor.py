@@ -6,6 +6,7 @@ in the output lists, a preempted request resuming, EAT probes round-tripping thr
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -355,5 +356,20 @@ def test_the_scheduler_ends_a_degrade_class_thinking_and_the_stop_is_reported(ti
         assert scheduler.take_stops() == [("late", "overload", 3)]
         d.step()
         assert late.count(end) == 1, "ended once"
+    finally:
+        scheduler.close()
+
+
+def test_the_scheduler_creates_a_missing_bus_folder_that_only_its_user_may_enter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from meridian.vllm.bus import SchedulerEndpoint
+
+    folder = tmp_path / "not" / "there"
+    monkeypatch.setenv("MERIDIAN_BUS_DIR", str(folder))
+    scheduler = SchedulerEndpoint()
+    try:
+        assert (folder / f"meridian-{os.getpid()}.sock").exists(), "the worker's socket is bound"
+        assert folder.stat().st_mode & 0o777 == 0o700
     finally:
         scheduler.close()

@@ -76,6 +76,8 @@ class SchedulerEndpoint:
         self._sock: socket.socket | None = None
         path = _socket_path(self.pid)
         try:
+            # A bus folder named by MERIDIAN_BUS_DIR may not exist yet; only this user may enter it.
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.unlink(missing_ok=True)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             sock.bind(str(path))
