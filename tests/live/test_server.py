@@ -51,6 +51,16 @@ def request_log(server: VllmServer) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+def logged(server: VllmServer, count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """The request log once it holds ``count`` lines or more: the engine core writes a request's
+    line as the request finishes, which its client may hear of first."""
+    deadline = time.monotonic() + timeout_s
+    while len(lines := request_log(server)) < count:
+        assert time.monotonic() < deadline, f"{len(lines)} request-log lines, expected {count}"
+        time.sleep(0.05)
+    return lines
+
+
 def step_log(server: VllmServer) -> list[dict[str, Any]]:
     path: Path = server.step_log  # type: ignore[attr-defined]
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
@@ -89,8 +99,7 @@ def test_concurrent_streaming_clients_get_their_own_outputs(server: VllmServer) 
     # No --middleware here: the scheduler rejected it, and its log line names the argument.
     assert "invalid request argument `meridian_class`: unknown SLO class `gold`" in log
     # Phases and the ledger, as the scheduler recorded them (the engine core is another process).
-    time.sleep(0.5)
-    entries = {tuple(map(int, (e["num_think_tokens"], e["num_answer_tokens"]))) for e in request_log(server)}
+    entries = {tuple(map(int, (e["num_think_tokens"], e["num_answer_tokens"]))) for e in logged(server, len(CASES))}
     for n, m in CASES:
         assert (n + 1, m + 1) in entries, (n, m)  # countdown + </think>; letters + EOS
     ledger = request_log(server)
@@ -119,7 +128,7 @@ def test_kv_pressure_never_preempts_an_answering_request(server: VllmServer) -> 
     waited_s, preempted = waited_after - waited_before, preempted_after - preempted_before
     # The premise, measured: the KV the running requests held at once (the scheduler's step log)
     # came near the cache's 288 usable tokens (9 blocks of 32 besides vLLM's null block).
-    time.sleep(0.5)
+    logged(server, logged_before + len(CASES))  # all finished: the steps that held the most KV are logged
     peak_kv_tokens = max(step["num_context_tokens"] for step in step_log(server)[steps_before:])
     assert peak_kv_tokens >= 2 / 3 * USABLE_KV_TOKENS, f"the cache never filled (peak {peak_kv_tokens} tokens)"
     # Twelve requests into a cache that holds two or three: some wait for blocks (how many are
@@ -128,17 +137,16 @@ def test_kv_pressure_never_preempts_an_answering_request(server: VllmServer) -> 
     print(f"\nKV pressure: peak {peak_kv_tokens} KV tokens, queueing {waited_s:.2f} s, {preempted:.0f} preemptions")
     # An answering request is never the one preempted.
     assert "preempted while a thinking request ran" not in server.log(), "no answer-phase preemption alarm"
-    time.sleep(0.5)
-    ledger = request_log(server)[logged_before:]
+    ledger = logged(server, logged_before + len(CASES))[logged_before:]
     assert len(ledger) == len(CASES)
     assert sum(e["num_preemptions_answer"] for e in ledger) == 0
 
 
 def test_per_request_class_reaches_the_scheduler(server: VllmServer) -> None:
+    logged_before = len(request_log(server))
     result = stream_chat(server.base_url, MODEL, "think 4 answer 3", max_tokens=200, extra={"vllm_xargs": {"meridian_class": "batch"}})
     assert result.status == 200 and result.content.split() == ["a", "b", "c"]
-    time.sleep(0.5)
-    last = request_log(server)[-1]
+    last = logged(server, logged_before + 1)[-1]
     assert (last["slo_class"], last["num_think_tokens"], last["num_answer_tokens"]) == ("batch", 5, 4)
 
 

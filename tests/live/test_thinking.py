@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from meridian.demo.server import StreamResult, VllmServer, stream_chat
-from meridian.demo.thinking import LOAD_AWARE, MODES, PROCESSOR_ARGS, server_config_json
+from meridian.demo.thinking import LOAD_AWARE, MODES, PROCESSOR_ARGS, STRICT_CLASS, server_config_json
 from meridian.offline.tiny import LETTERS
+from meridian.vllm.bus import ATTAINMENT_READ_PERIOD_S
+from meridian.vllm.names import BUS_DIR_ENV
 
 from tiny_server import FIXTURE, MODEL, server_args
 
@@ -34,9 +36,28 @@ def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     folder = tmp_path_factory.mktemp("live-thinking")
     log = folder / "requests.jsonl"
     args = SERVER_ARGS + PROCESSOR_ARGS + ["--additional-config", server_config_json({"request_log_path": str(log)})]
-    with VllmServer(FIXTURE, args, log_path=folder / "serve.log", cache_dir=cache_dir) as srv:
-        srv.request_log = log  # type: ignore[attr-defined]
+    # The server's own bus folder, so a test can read the attainment the scheduler publishes.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(BUS_DIR_ENV, str(folder / "bus"))
+        srv = VllmServer(FIXTURE, args, log_path=folder / "serve.log", cache_dir=cache_dir).start()
+    srv.request_log = log  # type: ignore[attr-defined]
+    srv.bus_dir = folder / "bus"  # type: ignore[attr-defined]
+    try:
         yield srv
+    finally:
+        srv.stop()
+
+
+def published_attainment(server: VllmServer, slo_class: str) -> float | None:
+    """The class's attainment as the scheduler last published it to the worker (its state file)."""
+    for path in server.bus_dir.glob("meridian-*.state.json"):  # type: ignore[attr-defined]
+        try:
+            value = json.loads(path.read_text())["attainment"].get(slo_class)
+        except (OSError, ValueError, KeyError):
+            continue
+        if value is not None:
+            return float(value)
+    return None
 
 
 def log_lines(server: VllmServer) -> list[str]:
@@ -51,7 +72,7 @@ def ask(server: VllmServer, xargs: dict[str, Any] | None) -> tuple[StreamResult,
     extra = {"vllm_xargs": xargs} if xargs is not None else None
     result = stream_chat(server.base_url, MODEL, f"think {NUM_THINK} answer {NUM_ANSWER}", max_tokens=200, extra=extra)
     assert result.status == 200 and result.error is None, result.error
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + 60.0
     while len(lines := log_lines(server)) == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(lines) == before + 1, f"expected one new request-log line, got {len(lines) - before}"
@@ -88,9 +109,14 @@ def test_load_aware_budget_tightens_once_the_class_misses_its_target(server: Vll
     xargs = MODES["load-aware (strict class)"]
     first, _logged = ask(server, xargs)
     assert len(first.reasoning.split()) == LOAD_AWARE["budget_tokens"], "no completion yet: the full budget"
-    # The scheduler publishes the class's attainment when it changes; the worker re-reads it at
-    # most four times a second.
-    time.sleep(1.0)
+    # The scheduler publishes the class's attainment when the request finishes; the worker
+    # re-reads the file at most every ATTAINMENT_READ_PERIOD_S, so one period after the file shows
+    # it, the worker's next read has it.
+    deadline = time.monotonic() + 60.0
+    while published_attainment(server, STRICT_CLASS) != 0.0:
+        assert time.monotonic() < deadline, f"attainment never published: {published_attainment(server, STRICT_CLASS)}"
+        time.sleep(0.05)
+    time.sleep(ATTAINMENT_READ_PERIOD_S)
     second, logged = ask(server, xargs)
     assert len(second.reasoning.split()) == LOAD_AWARE["min_budget_tokens"], "attainment 0: the minimum budget"
     assert second.content.split() == LETTERS[:NUM_ANSWER]
