@@ -61,14 +61,9 @@ def request_log(paths: list[Path]) -> list[dict[str, Any]]:
     return [json.loads(line) for path in paths if path.exists() for line in path.read_text().splitlines()]
 
 
-def settled(server: VllmServer, name: str, expected: float, timeout_s: float = 60.0) -> Samples:
+def settled(server: VllmServer, name: str, expected: float) -> Samples:
     """A scrape once ``name`` sums to ``expected`` (the engine core writes as requests finish)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        samples = scrape(server)
-        if total(samples, name) == expected or time.monotonic() > deadline:
-            return samples
-        time.sleep(0.2)
+    return scrape_until(server, lambda s: total(s, name) == expected, f"{name} at {expected}")
 
 
 @pytest.fixture(scope="module")
