@@ -56,8 +56,10 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       help="which parts to run (default: all)")
     demo.add_argument("--model", type=Path, default=None, help="model folder for the live parts "
                       "(default: tests/fixtures/tiny-reasoner)")
-    demo.add_argument("--live-requests", type=int, default=None,
-                      help="requests aiperf replays in the live part (default: 20 s of arrivals at 14/s)")
+    demo.add_argument("--live-requests", type=_positive_int, default=None,
+                      help="requests aiperf replays in the live part (default: 20 s of arrivals at the live rate)")
+    demo.add_argument("--live-rate", type=_positive, default=None, help="arrivals per second in the live part "
+                      "(default: 1.5x the stock server's capacity, measured first with a burst)")
     demo.set_defaults(handler=_demo)
 
 
@@ -78,6 +80,23 @@ def _non_negative(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _non_negative(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return value
 
 
@@ -152,7 +171,7 @@ def _demo(args: argparse.Namespace) -> int:
     from meridian.demo import run_demo
 
     run_demo(args.parts, seeds=args.seeds, cache_dir=args.cache_dir, model=args.model,
-             live_requests=args.live_requests, json_path=args.json)
+             live_requests=args.live_requests, live_rate_rps=args.live_rate, json_path=args.json)
     return 0
 
 

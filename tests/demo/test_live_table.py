@@ -1,10 +1,13 @@
-"""The demo's live table: each round's figures land in their rows, the machine's speed probe is
-shown beside them, and a figure a round lacks reads ``-``."""
+"""The demo's live part: each round's figures land in their table rows, the machine's speed probe is
+shown beside them, a figure a round lacks reads ``-``; a bad rate or request count is refused by name."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from meridian.cli import main
 from meridian.demo.live import ONE_ROUND_CAVEAT, render, table_row
 from meridian.replay.policies import MERIDIAN, STOCK
 
@@ -26,3 +29,17 @@ def test_the_table_shows_each_rounds_figures_and_its_speed_probe() -> None:
     assert lines["machine speed probe, before / after [ms]"] == ["131", "/", "129", "-"]
     assert lines["TTFT p50 [ms]"] == ["-", "-"]
     assert "make bench-live" in ONE_ROUND_CAVEAT
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--live-rate", "0"], "expected a number > 0, got '0'"),
+    (["--live-rate", "fast"], "expected a number, got 'fast'"),
+    (["--live-requests", "0"], "expected a whole number >= 1, got '0'"),
+])
+def test_the_live_parts_arguments_are_refused_by_name_before_anything_runs(
+        capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--parts", "live", *args])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and args[0] in err

@@ -21,7 +21,7 @@ PARTS = ("scripted", "replay", "live", "thinking")
 
 def run_demo(
     parts: Sequence[str], *, seeds: list[int], cache_dir: Path, model: Path | None, live_requests: int | None,
-    json_path: Path | None,
+    live_rate_rps: float | None = None, json_path: Path | None,
 ) -> dict[str, object]:
     """Runs the named parts in order; writes their numbers to ``json_path`` when given."""
     # vLLM's start-up notes (Triton, CPU block size) would interleave with the progress lines.
@@ -38,7 +38,7 @@ def run_demo(
     if "live" in parts:
         from meridian.demo import live
 
-        report["live"] = live.run_part(model, cache_dir, live_requests or live.DEMO_REQUESTS)
+        report["live"] = live.run_part(model, cache_dir, live_requests, live_rate_rps)
     if "thinking" in parts:
         from meridian.demo import live, thinking
 

@@ -475,6 +475,30 @@ def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundS
     return row, records
 
 
+#: The burst that measures a server's capacity: enough requests for several seconds of standing
+#: queue at the tiny engine's ~20/s (2026-12-05), few enough for one short round.
+CAPACITY_BURST_REQUESTS = 120
+#: Arrivals of the burst per second: all of them within a fraction of a second.
+CAPACITY_BURST_RATE_RPS = 1_000.0
+
+
+def measure_capacity_rps(policy: str, out: Path, settings: RoundSettings,
+                         num_requests: int = CAPACITY_BURST_REQUESTS,
+                         on_phase: Callable[[str], None] = lambda phase: None) -> float:
+    """Requests per second a fresh ``policy`` server completes with a standing queue: aiperf sends
+    ``num_requests`` of the workload's mix (another seed than the timed load's) at once, and the
+    completed ones are divided by aiperf's benchmark duration. A rate is past the knee when it
+    exceeds this; the machine's speed moves it (1.6x between 2026-12-01 and 2026-12-05), so a
+    fixed rate is not."""
+    dataset = out / "capacity-burst.jsonl"
+    dataset.write_text(Workload(num_requests, CAPACITY_BURST_RATE_RPS, settings.model.classes, seed=1).jsonl())
+    row, records = run_round(f"capacity-{policy}", policy, dataset, out, settings, on_phase=on_phase)
+    completed = sum(1 for r in records if r.ok and r.ttfo_ms is not None)
+    if not completed or not row["duration_s"]:
+        raise RuntimeError(f"the capacity burst completed no request ({row['error_kinds']}); logs under {out}")
+    return completed / float(row["duration_s"])
+
+
 #: A fixed single-threaded load for the speed probe: interpreter work (what the tiny model's
 #: step mostly is) and a small float32 matmul (what the compute model's step mostly is).
 SPEED_PROBE = """
