@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 
 .PHONY: help
 help:  ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-17s %s\n", $$1, $$2}'
 
 .PHONY: setup
 setup:  ## Create .venv with vLLM's CPU build and install Meridian's wheel into it
@@ -38,13 +38,20 @@ test-rust:  ## Rust unit, property and doc tests; check that the benches build
 	cargo test --workspace --exclude meridian-py
 	cargo bench -p meridian-core --no-run
 
+# The in-process layers run on every core (pytest-xdist; worksteal, as a few KV-tier tests take
+# seconds each); the live servers run after them, one at a time, so no other work shares the
+# cores their timing depends on.
+PYTEST = $(PY) -m pytest -q -p no:cacheprovider
+PARALLEL = -n auto --dist worksteal
+
 .PHONY: test-py
-test-py:  ## pytest, every layer: core binding, shim, offline engine, replay, demo, live servers, GPU (skips without one)
-	$(PY) -m pytest -q -p no:cacheprovider
+test-py:  ## pytest, every layer: core binding, shim, offline engine, replay, demo, GPU (skips without one), then the live servers
+	$(PYTEST) $(PARALLEL) tests --ignore=tests/live
+	$(PYTEST) tests/live
 
 .PHONY: test-fast
-test-fast:  ## pytest without the live servers and the GPU (a few minutes)
-	$(PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/live --ignore=tests/gpu
+test-fast:  ## pytest without the live servers and the GPU (about 90 s on 2 cores)
+	$(PYTEST) $(PARALLEL) tests --ignore=tests/live --ignore=tests/gpu
 
 .PHONY: test
 test: setup bench-live-setup lint test-rust test-py  ## Set everything up and run every test
@@ -57,7 +64,7 @@ bench: setup  ## Decision time (criterion) and the shim's per-step overhead agai
 .PHONY: bench-live-setup
 bench-live-setup: setup  ## Install the load generator of the live A/B and demo (bench/requirements-live.txt) into .venv-bench
 	$(UV) venv --quiet --allow-existing --python "$$(command -v python3)" .venv-bench
-	$(UV) pip install --quiet --python .venv-bench/bin/python -r bench/requirements-live.txt
+	$(UV) pip install --quiet --compile-bytecode --python .venv-bench/bin/python -r bench/requirements-live.txt
 
 .PHONY: bench-live
 bench-live: setup bench-live-setup  ## Live A/B: stock vLLM vs Meridian under aiperf, alternating rounds, both models (bench/live_ab.py)

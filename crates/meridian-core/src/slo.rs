@@ -46,9 +46,10 @@ pub enum OnOverload {
     Queue,
     /// It is ended early with a clear error (HTTP 503 where the API allows it) as soon as it is
     /// judged unable to make its targets, so the client can retry elsewhere; an answering
-    /// request is never shed. The default: on the scenario corpus it met every target for 1.56×
-    /// the requests FCFS did at FCFS's 50 % load, against 1.11× under `queue`, and won on every
-    /// trace family held out (`bench/results/corpus_2026-12-03/`).
+    /// request is never shed. The default: in the run that adopted it, on the scenario corpus it
+    /// met every target for 1.56× the requests FCFS did at FCFS's 50 % load, against 1.11× under
+    /// `queue`, and won on every trace family held out (`bench/results/corpus_2026-12-03/`); with
+    /// the later defaults (`value_density`, `shed_until: ttfat`), 1.62×.
     #[default]
     Shed,
     /// Its thinking is capped to what still fits before its TTFAT deadline (through thinking

@@ -15,7 +15,9 @@ output depends only on the arguments, so two calls write byte-identical files.
 from __future__ import annotations
 
 import json
+import os
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,7 +97,7 @@ def write_tiny_model(path: str | Path, *, shape: ModelShape = MODEL_SHAPES["tiny
     # vLLM's reasoning parsers read to split reasoning from content.
     tokenizer.add_special_tokens([t for t in SPECIAL_TOKENS if t not in MARKER_TOKENS])
     tokenizer.add_tokens(MARKER_TOKENS)
-    tokenizer.save(str(out / "tokenizer.json"))
+    _replace_atomically(out / "tokenizer.json", lambda tmp: tokenizer.save(str(tmp)))
 
     eos_id = vocab["<|im_end|>"]
     config = {
@@ -163,7 +165,19 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 def _write_json(path: Path, payload: dict[str, object]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    text = json.dumps(payload, indent=2, sort_keys=True) + "\n"
+    _replace_atomically(path, lambda tmp: tmp.write_text(text))
+
+
+def _replace_atomically(path: Path, write: Callable[[Path], object]) -> None:
+    """``write`` to a file beside ``path``, then renamed over it: a process loading the folder
+    meanwhile (another test worker, a server) reads the old file or the new one, never half of one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def tiny_model_dir(cache_dir: str | Path) -> Path:
