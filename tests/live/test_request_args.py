@@ -60,8 +60,10 @@ def body(endpoint: str, xargs: dict[str, Any], stream: bool, n: int = 3, m: int 
     return {"model": MODEL, **text, "max_tokens": 200, "temperature": 0.0, "stream": stream, XARGS_FIELD: xargs}
 
 
-def stream_events(url: str, request: dict[str, Any], started: threading.Event) -> list[tuple[float, dict[str, Any]]]:
-    """One streaming request's events with their arrival times; sets ``started`` at the first."""
+def stream_events(url: str, request: dict[str, Any], started: threading.Event,
+                  resume: threading.Event) -> list[tuple[float, dict[str, Any]]]:
+    """One streaming request's events with their arrival times; at the first it sets ``started``
+    and reads no further until ``resume`` is set, so the stream is still open when the caller acts."""
     import httpx
 
     events: list[tuple[float, dict[str, Any]]] = []
@@ -70,7 +72,9 @@ def stream_events(url: str, request: dict[str, Any], started: threading.Event) -
         for line in stream.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
                 events.append((time.monotonic(), json.loads(line.removeprefix("data: "))))
-                started.set()
+                if not started.is_set():
+                    started.set()
+                    assert resume.wait(timeout=300)
     started.set()
     return events
 
@@ -78,14 +82,17 @@ def stream_events(url: str, request: dict[str, Any], started: threading.Event) -
 def test_bad_arguments_get_400_naming_them_while_another_request_streams(server: VllmServer) -> None:
     import httpx
 
-    started = threading.Event()
+    started, resume = threading.Event(), threading.Event()
     streaming = body("chat/completions", {CLASS_ARG: "gold"}, True, NUM_THINK, NUM_ANSWER)
     with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(stream_events, f"{server.base_url}/v1/chat/completions", streaming, started)
+        future = pool.submit(stream_events, f"{server.base_url}/v1/chat/completions", streaming, started, resume)
         assert started.wait(timeout=300)
         sent_s = time.monotonic()
-        rejected = [(named, httpx.post(f"{server.base_url}/v1/{endpoint}", json=body(endpoint, xargs, streamed), timeout=60))
-                    for endpoint, xargs, streamed, named in BAD]
+        try:
+            rejected = [(named, httpx.post(f"{server.base_url}/v1/{endpoint}", json=body(endpoint, xargs, streamed),
+                                           timeout=60)) for endpoint, xargs, streamed, named in BAD]
+        finally:
+            resume.set()
         answered_s = time.monotonic()
         events = future.result()
     print(f"\nstream {events[-1][0] - events[0][0]:.2f} s; the bad requests sent "
@@ -96,9 +103,9 @@ def test_bad_arguments_get_400_naming_them_while_another_request_streams(server:
         assert error["code"] == 400 and f"invalid request argument `{named}`" in error["message"], error
     message = rejected[0][1].json()["error"]["message"]
     assert "unknown SLO class `standard`; configured classes: " in message and "gold" in message, message
-    # They went out while the stream ran (on two cores the engine's busy loop can delay the API
-    # server's answers to them past its end), and it never noticed.
-    assert events[0][0] <= sent_s < events[-1][0], "the bad requests were sent while the stream ran"
+    # They were answered while the stream was open: its reader held it after the first event
+    # (whether the engine had generated every token by then is the machine's pace: on two cores a
+    # client can get no CPU for longer than the whole stream). The stream never noticed.
     chunks = [chunk for _, chunk in events]
     assert not [c for c in chunks if "error" in c]
     deltas = [c["choices"][0] for c in chunks if c.get("choices")]

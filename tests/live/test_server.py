@@ -148,6 +148,9 @@ def test_per_request_class_reaches_the_scheduler(server: VllmServer) -> None:
     assert result.status == 200 and result.content.split() == ["a", "b", "c"]
     last = logged(server, logged_before + 1)[-1]
     assert (last["slo_class"], last["num_think_tokens"], last["num_answer_tokens"]) == ("batch", 5, 4)
+    # The request log holds timings and counts, never what a user wrote or was answered.
+    written = server.request_log.read_text()  # type: ignore[attr-defined]
+    assert "think 4 answer 3" not in written and "a b c" not in written
 
 
 def test_bad_additional_config_stops_the_server_naming_the_key(cache_dir: Path, tmp_path: Path) -> None:

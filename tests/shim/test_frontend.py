@@ -164,6 +164,20 @@ def test_what_the_check_cannot_read_is_vllms_to_answer() -> None:
     assert received == []
 
 
+def test_hostile_bodies_get_a_short_400_or_vllms_own_answer() -> None:
+    app, received = make_app({"meridian": GOLD})
+    # A megabyte class name: refused naming the argument, without echoing the megabyte back.
+    huge = post(app, {XARGS_FIELD: {CLASS_ARG: "g" * (1 << 20)}})
+    assert huge.status_code == 400 and f"`{CLASS_ARG}`" in huge.text and len(huge.content) < 1000, huge.text[:300]
+    # Nested past the JSON parser's recursion limit: the check cannot read it and lets it pass,
+    # and FastAPI refuses it as it refuses any body it cannot parse; the server serves on.
+    deep = (b'{"vllm_xargs": {"meridian_class": "standard"}, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    refused = post(app, deep, content_type="application/json")
+    assert refused.status_code == 400 and "invalid request argument" not in refused.text, refused.text
+    assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}).status_code == 200
+    assert received == [{CLASS_ARG: "gold"}]
+
+
 def test_authentication_answers_first() -> None:
     app, received = make_app({"meridian": GOLD})
     response = post(app, {XARGS_FIELD: {CLASS_ARG: "standard"}}, auth=False)

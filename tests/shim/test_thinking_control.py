@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,91 @@ def _run_without_local(results: multiprocessing.Queue) -> None:  # type: ignore[
 
     bus._LOCAL.clear()
     _child_worker(results)
+
+
+# ---- the bus folder is this user's alone --------------------------------------------------------
+
+
+def test_the_default_bus_folder_is_a_private_one_of_this_user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from meridian.vllm.bus import SchedulerEndpoint
+
+    monkeypatch.delenv("MERIDIAN_BUS_DIR", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    scheduler = SchedulerEndpoint()
+    try:
+        folder = tmp_path / f"meridian-{os.getuid()}"
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        scheduler.publish({"standard": 0.5}, frozenset())
+        for name in (f"meridian-{os.getpid()}.sock", f"meridian-{os.getpid()}.state.json"):
+            assert stat.S_IMODE((folder / name).stat().st_mode) == 0o600, name
+    finally:
+        scheduler.close()
+
+
+def _unsafe_folder(tmp_path: Path, kind: str) -> tuple[Path, str]:
+    """A bus folder another local user could write into, and the words the refusal names it by."""
+    folder = tmp_path / "bus"
+    if kind == "symlink":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        folder.symlink_to(tmp_path / "elsewhere")
+        return folder, "is a symbolic link"
+    if kind == "file":
+        folder.write_text("")
+        return folder, "is not a directory"
+    folder.mkdir(mode=0o700)
+    if kind == "world-writable":
+        folder.chmod(0o777)
+        return folder, "is writable by group or others (mode 0777)"
+    os.chown(folder, 4242, -1)
+    return folder, "belongs to uid 4242"
+
+
+UNSAFE = ["symlink", "file", "world-writable",
+          pytest.param("another-users", marks=pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root"))]
+
+
+@pytest.mark.parametrize("kind", UNSAFE)
+def test_a_bus_folder_others_could_write_is_refused_by_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    from meridian.errors import ConfigError
+    from meridian.vllm.bus import SchedulerEndpoint
+
+    folder, problem = _unsafe_folder(tmp_path, kind)
+    monkeypatch.setenv("MERIDIAN_BUS_DIR", str(folder))
+    with pytest.raises(ConfigError) as refused:
+        SchedulerEndpoint()
+    assert str(folder) in str(refused.value) and problem in str(refused.value)
+    assert "MERIDIAN_BUS_DIR" in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", UNSAFE)
+def test_a_worker_neither_reads_nor_sends_through_a_folder_others_could_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    from meridian.vllm.bus import WorkerEndpoint
+
+    folder, _ = _unsafe_folder(tmp_path, kind)
+    monkeypatch.setenv("MERIDIAN_BUS_DIR", str(folder))
+    if folder.is_dir():
+        # What a planted file would say: end this request's thinking.
+        (folder / f"meridian-{os.getppid()}.state.json").write_text(
+            json.dumps({"attainment": {"standard": 0.0}, "end_thinking": ["victim"]}))
+    worker = WorkerEndpoint()
+    worker.request_probe("victim", 3)
+    assert worker.thinking_endings() == frozenset() and worker.attainment() == {}
+    assert worker._sock is None, "nothing was sent"
+
+
+def test_the_metrics_folder_lives_only_in_a_private_bus_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              tiny_model: Path) -> None:
+    from meridian.errors import ConfigError
+    from meridian.offline.engine import EngineSpec, vllm_config_for
+    from meridian.vllm.metrics import MULTIPROC_DIR_ENV, metrics_dir
+
+    monkeypatch.delenv(MULTIPROC_DIR_ENV, raising=False)
+    vllm_config = vllm_config_for(EngineSpec(model_dir=tiny_model))
+    folder, problem = _unsafe_folder(tmp_path, "world-writable")
+    monkeypatch.setenv("MERIDIAN_BUS_DIR", str(folder))
+    with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        metrics_dir(vllm_config)
+    folder.chmod(0o700)
+    assert metrics_dir(vllm_config).parent == folder

@@ -75,6 +75,19 @@ impl Error {
     }
 }
 
+/// Longest rendering of a caller's value in an error message: a hostile request must not make
+/// every log line and HTTP 400 carry a megabyte of its own text.
+pub(crate) const MAX_SHOWN_VALUE_CHARS: usize = 80;
+
+/// `value` as an error message shows it: whole when short, else its first
+/// [`MAX_SHOWN_VALUE_CHARS`] characters and how long it was.
+pub(crate) fn shown(value: &str) -> String {
+    match value.char_indices().nth(MAX_SHOWN_VALUE_CHARS) {
+        None => value.to_owned(),
+        Some((cut, _)) => format!("{}… ({} bytes)", &value[..cut], value.len()),
+    }
+}
+
 /// Rejects NaN, infinities and negative times, which would poison every ordering key.
 pub(crate) fn check_time_ms(name: &'static str, value_ms: f64) -> Result<f64> {
     if value_ms.is_finite() && value_ms >= 0.0 {

@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::error::{Error, Result};
+use crate::error::{shown, Error, Result};
 use crate::{Config, ThinkingControl, CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG};
 
 /// Checks a request's Meridian arguments, given as the JSON object of its request arguments
@@ -41,14 +41,14 @@ fn check_class(value: Option<&Value>, config: Option<&Config>) -> Result<()> {
         Some(other) => {
             return Err(Error::request_args(
                 CLASS_ARG,
-                format!("{other} must be a string naming an SLO class"),
+                format!("{} must be a string naming an SLO class", shown(&other.to_string())),
             ))
         }
     };
     match config {
         Some(config) if config.class_by_name(name).is_none() => Err(Error::request_args(
             CLASS_ARG,
-            format!("unknown SLO class `{name}`; configured classes: {}", config.class_names()),
+            format!("unknown SLO class `{}`; configured classes: {}", shown(name), config.class_names()),
         )),
         _ => Ok(()),
     }
@@ -62,7 +62,10 @@ fn thinking_text(value: Option<&Value>) -> Result<Option<String>> {
         Some(object @ Value::Object(_)) => Ok(Some(object.to_string())),
         Some(other) => Err(Error::request_args(
             THINKING_ARG,
-            format!("{other} must be \"off\" or a JSON object with the keys of thinking_control"),
+            format!(
+                "{} must be \"off\" or a JSON object with the keys of thinking_control",
+                shown(&other.to_string())
+            ),
         )),
     }
 }
@@ -74,7 +77,7 @@ fn budget_tokens(value: Option<&Value>) -> Result<Option<i64>> {
         Some(Value::Number(n)) if n.as_i64().is_some() => Ok(n.as_i64()),
         Some(other) => Err(Error::request_args(
             THINKING_BUDGET_ARG,
-            format!("{other} must be a whole number of tokens from 1 to {}", u32::MAX),
+            format!("{} must be a whole number of tokens from 1 to {}", shown(&other.to_string()), u32::MAX),
         )),
     }
 }
@@ -125,6 +128,25 @@ mod tests {
             named(check(serde_json::json!({CLASS_ARG: "gold"}), Some(&Config::default())).unwrap_err()),
             CLASS_ARG
         );
+    }
+
+    #[test]
+    fn a_hostile_value_is_shown_cut_short_in_the_rejection() {
+        let config = gold_config();
+        let long_name = "é".repeat(100_000);
+        let long_list = serde_json::json!(vec![7; 100_000]);
+        for (args, key) in [
+            (serde_json::json!({CLASS_ARG: long_name}), CLASS_ARG),
+            (serde_json::json!({CLASS_ARG: long_list.clone()}), CLASS_ARG),
+            (serde_json::json!({THINKING_ARG: long_list.clone()}), THINKING_ARG),
+            (serde_json::json!({THINKING_BUDGET_ARG: long_list}), THINKING_BUDGET_ARG),
+        ] {
+            let err = check(args, Some(&config)).unwrap_err();
+            let message = err.to_string();
+            assert!(message.len() < 400, "{} bytes: {}", message.len(), &message[..400]);
+            assert!(message.contains(" bytes)"), "{message}");
+            assert_eq!(named(err), key);
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::config::{Config, Policy, ReasoningBlockRule};
-use crate::error::{check_time_ms, Error, Result};
+use crate::error::{check_time_ms, shown, Error, Result};
 use crate::kv_tier::{KvTiers, TierId, TierSpan, MAX_TIERS};
 use crate::ledger::{Attainment, ClassCounters, FinishReason, PhaseCountsU64, RequestLedger, RequestMetrics};
 use crate::phase::{Phase, PhaseTracker, ReasoningMarkers};
@@ -583,8 +583,8 @@ impl Meridian {
     fn resolve_class(&self, req_id: &str, slo_class: Option<&str>, priority: i64) -> Result<ClassId> {
         match slo_class {
             Some(name) => self.config.class_by_name(name).ok_or_else(|| Error::UnknownSloClass {
-                req_id: req_id.to_owned(),
-                name: name.to_owned(),
+                req_id: shown(req_id),
+                name: shown(name),
                 known: self.config.class_names(),
             }),
             None => Ok(self.config.class_for_priority(priority)),

@@ -14,7 +14,9 @@ datagrams on a Unix socket the scheduler binds, attainment and endings as a smal
 rewrites when a value changes (at most ten times a second) and the worker re-reads at most four
 times a second. Invariant: nothing here blocks either side; a lost probe request only delays an
 EAT decision or a log field, a missing attainment only means no tightening, a late ending only
-ends a thinking later (the scheduler's margin allows for the file's delay).
+ends a thinking later (the scheduler's margin allows for the file's delay). The folder they live
+in is this user's alone (``private_dir``): in a folder other local users can write, one could
+bind the socket or plant the file under the pid-derived name first and steer the scheduler.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -31,6 +34,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
+from meridian.errors import ConfigError
 from meridian.vllm.names import BUS_DIR_ENV
 
 logger = logging.getLogger("meridian")
@@ -49,8 +53,42 @@ _LOCAL_LOCK = threading.Lock()
 
 
 def bus_dir() -> Path:
-    """Where sockets and attainment files live (``MERIDIAN_BUS_DIR``, else the temp directory)."""
-    return Path(os.environ.get(BUS_DIR_ENV) or tempfile.gettempdir())
+    """Where the sockets, the attainment files and (with one API server) the metrics live:
+    ``MERIDIAN_BUS_DIR``, else ``meridian-<uid>`` in the temp directory, a folder of this user's
+    own rather than the shared temp directory itself."""
+    explicit = os.environ.get(BUS_DIR_ENV)
+    return Path(explicit) if explicit else Path(tempfile.gettempdir()) / f"meridian-{os.getuid()}"
+
+
+def private_dir(path: Path) -> Path:
+    """``path``, created (mode 0700) where missing, once checked that no other local user can put
+    anything into it; raises ``ConfigError`` naming the folder and what is wrong with it."""
+    try:
+        if not os.path.lexists(path):
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        problem = unsafe_dir_problem(path)
+    except OSError as exc:
+        raise ConfigError(f"cannot create Meridian's folder {str(path)!r} ({exc}); point {BUS_DIR_ENV} at a "
+                          f"folder this user can write") from exc
+    if problem is not None:
+        raise ConfigError(f"Meridian's folder {str(path)!r} {problem}, so another local user could plant files "
+                          f"in it; point {BUS_DIR_ENV} at a folder only this user can write (mode 0700)")
+    return path
+
+
+def unsafe_dir_problem(path: Path) -> str | None:
+    """Why another local user could write into ``path`` (a symbolic link, not a directory, owned by
+    someone else, writable by group or others), or ``None``."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.getuid():
+        return f"belongs to uid {st.st_uid}, not to this process's uid {os.getuid()}"
+    if st.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def _socket_path(engine_pid: int) -> Path:
@@ -75,12 +113,12 @@ class SchedulerEndpoint:
         self._dirty = False
         self._sock: socket.socket | None = None
         path = _socket_path(self.pid)
+        private_dir(path.parent)
         try:
-            # A bus folder named by MERIDIAN_BUS_DIR may not exist yet; only this user may enter it.
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.unlink(missing_ok=True)
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             sock.bind(str(path))
+            os.chmod(path, 0o600)
             sock.setblocking(False)
             self._sock = sock
         except OSError as exc:
@@ -148,7 +186,10 @@ class SchedulerEndpoint:
         path = _state_path(self.pid)
         try:
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"attainment": self._attainment, "end_thinking": sorted(self._endings)}))
+            state = json.dumps({"attainment": self._attainment, "end_thinking": sorted(self._endings)})
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(state)
             os.replace(tmp, path)
         except OSError as exc:
             logger.debug("meridian: cannot write %s: %s", path, exc)
@@ -217,6 +258,9 @@ class WorkerEndpoint:
         self._endings: frozenset[str] = frozenset()
         self._read_at = 0.0
         self._warned = False
+        #: Whether the bus folder is this user's alone; ``None`` until it exists (the scheduler,
+        #: built after the workers, creates it).
+        self._trusted: bool | None = None
 
     def _local(self) -> SchedulerEndpoint | None:
         with _LOCAL_LOCK:
@@ -239,7 +283,23 @@ class WorkerEndpoint:
             return
         self._send({"kind": "stop", "req_id": req_id, "reason": reason, "num_think_tokens": num_think_tokens})
 
+    def _bus_trusted(self) -> bool:
+        """Whether the bus folder is this user's alone: a worker neither sends to a socket nor
+        reads a file that another local user could have put there."""
+        if self._trusted is None:
+            try:
+                problem = unsafe_dir_problem(bus_dir())
+            except OSError:
+                return False
+            self._trusted = problem is None
+            if problem is not None:
+                logger.warning("meridian: the bus folder %s %s; thinking control runs without the scheduler "
+                               "(point %s at a folder only this user can write)", bus_dir(), problem, BUS_DIR_ENV)
+        return self._trusted
+
     def _send(self, message_obj: dict[str, object]) -> None:
+        if not self._bus_trusted():
+            return
         message = json.dumps(message_obj).encode()
         try:
             if self._sock is None:
@@ -278,6 +338,8 @@ class WorkerEndpoint:
         if now - self._read_at < ATTAINMENT_READ_PERIOD_S:
             return
         self._read_at = now
+        if not self._bus_trusted():
+            return
         try:
             loaded = json.loads(_state_path(os.getppid()).read_text())
             attainment, endings = loaded["attainment"], loaded["end_thinking"]

@@ -38,7 +38,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from meridian._core import SHED_REASONS, THINKING_STOP_RULES
 from meridian.vllm._version import require_supported_vllm
-from meridian.vllm.bus import bus_dir
+from meridian.vllm.bus import bus_dir, private_dir
 from meridian.errors import ConfigError
 from meridian.vllm.names import (
     BUS_DIR_ENV, CLASS_TARGETS, KV_TIER_DECISIONS, PREEMPTION_PHASES, REQUEST_STATES, SCHEDULER_CLS, SERIES,
@@ -74,11 +74,12 @@ _VALUE_LOCK = threading.Lock()
 def metrics_dir(vllm_config: VllmConfig) -> Path:
     """Where the engine core writes Meridian's series: vLLM's multiprocess directory when it
     runs one, else one per server (named by the configuration's ``instance_id``, which the API
-    server and its engine cores share)."""
+    server and its engine cores share) in the bus folder, once it is checked to be this user's alone
+    (``ConfigError`` otherwise: another user's files there would be served as Meridian's series)."""
     shared = os.environ.get(MULTIPROC_DIR_ENV)
     if shared:
         return Path(shared)
-    return bus_dir() / f"meridian-metrics-{vllm_config.instance_id}"
+    return private_dir(bus_dir()) / f"meridian-metrics-{vllm_config.instance_id}"
 
 
 @contextmanager
@@ -107,7 +108,7 @@ class MeridianMetrics:
     def __init__(self, directory: Path, model_name: str, engine: int,
                  class_targets: Mapping[str, Mapping[str, float | int | None]]) -> None:
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(
                 f"cannot create Meridian's metrics directory {str(directory)!r} ({exc}); point "
@@ -276,7 +277,7 @@ class MeridianMetricsCollector(StatLoggerBase):
         with _VALUE_LOCK:
             if str(directory) in self._registered:
                 return
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             REGISTRY.register(MultiProcessCollector(None, path=str(directory)))
             self._registered.add(str(directory))
         atexit.register(shutil.rmtree, directory, ignore_errors=True)

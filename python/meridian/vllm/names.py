@@ -71,7 +71,8 @@ PROBE_FOR_ARG = "meridian_probe_for"
 #: Between a parent's ``req_id`` and the serial number in an EAT probe's ``req_id``.
 PROBE_ID_INFIX = "-meridian-eat-probe-"
 
-#: Environment variable naming the folder of the scheduler ↔ worker bus (default: temp dir).
+#: Environment variable naming the folder of the scheduler ↔ worker bus and, with one API server,
+#: the metrics files (default: ``meridian-<uid>`` in the temp directory; this user's alone).
 BUS_DIR_ENV = "MERIDIAN_BUS_DIR"
 
 #: Fields of a finished request's line in the request log (``request_log_path``), in order.

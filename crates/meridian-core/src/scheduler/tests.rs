@@ -755,6 +755,10 @@ fn add_request_returns_the_class_it_resolved() {
     // A class that is not configured: nothing is tracked.
     let err = core.add_request(new_request("gold", Some("gold"), 0)).unwrap_err();
     assert!(matches!(&err, Error::UnknownSloClass { name, .. } if name == "gold"), "{err}");
+    // A hostile one is shown cut short: the log line it makes stays a line.
+    let hostile = "x".repeat(1 << 20);
+    let err = core.add_request(new_request("hostile", Some(&hostile), 0)).unwrap_err();
+    assert!(err.to_string().len() < 300 && err.to_string().contains("(1048576 bytes)"), "{err}");
     assert_eq!((core.num_requests(), core.stats().num_added), (3, 4));
     assert_eq!(core.handle_of("gold"), None);
 }
