@@ -1695,4 +1695,6 @@ pub use load::{ClassLoad, EngineLoad};
 pub use overload::{parse_shed_notice, Shed, ShedNotice, ShedReason, SHED_MARKER};
 
 #[cfg(test)]
+mod state_machine;
+#[cfg(test)]
 mod tests;
