@@ -2,7 +2,9 @@
 OpenAI-compatible server (CPU build) serving the tiny reasoning model with the stock scheduler,
 then with ``MeridianScheduler``, each under the same seeded three-class workload that aiperf (a
 real load generator) replays open-loop on its timestamps, one round per policy, with a progress
-display. The table puts side by side what aiperf measured: time to first output (answer) token,
+display. The arrival rate is calibrated on the machine first: ``OVERLOAD_FACTOR`` times what a
+stock server completes under a burst (``measure_capacity_rps``), so the rounds run past the knee
+on a fast machine and a slow one alike. The table puts side by side what aiperf measured: time to first output (answer) token,
 time to first token, answer inter-token latency, throughput, goodput against each class's
 targets, failed requests, and preemptions (vLLM's ``/metrics``; by phase from Meridian's request
 log). Invariant: both servers get the same arguments but the scheduler's, the same dataset, the
