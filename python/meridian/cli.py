@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from meridian._core import __version__
 from meridian.demo import PARTS as DEMO_PARTS
 from meridian.errors import MeridianError
 from meridian.replay.policies import POLICIES
 from meridian.replay.runner import DEFAULT_PROFILE
+
+_Number = TypeVar("_Number", int, float)
 
 DEFAULT_CACHE = Path(".cache")
 
@@ -73,11 +76,15 @@ def _floats(text: str) -> list[float]:
     return values
 
 
-def _non_negative(text: str) -> float:
+def _parsed(text: str, convert: Callable[[str], _Number], what: str) -> _Number:
     try:
-        value = float(text)
+        return convert(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+
+
+def _non_negative(text: str) -> float:
+    value = _parsed(text, float, "a number")
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
@@ -91,10 +98,7 @@ def _positive(text: str) -> float:
 
 
 def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    value = _parsed(text, int, "a whole number")
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
     return value
