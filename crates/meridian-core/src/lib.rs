@@ -55,7 +55,7 @@ pub use phase::{Phase, ReasoningMarkers, TokenKind};
 pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
 pub use request_args::check_request_args;
 pub use scheduler::{
-    parse_shed_notice, ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Meridian, NewRequest,
+    parse_shed_notice, ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Footprint, Meridian, NewRequest,
     Preemption, ReqHandle, SchedulerStats, Shed, ShedNotice, ShedReason, StepPlan, SHED_MARKER,
 };
 pub use slo::{ClassId, OnOverload, ShedUntil, SloClass, SloTargets, WaitingOrder, CLASS_ARG};

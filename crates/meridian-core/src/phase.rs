@@ -162,6 +162,11 @@ pub struct PhaseTracker {
 }
 
 impl PhaseTracker {
+    /// Bytes it owns on the heap (its tool-call matchers' states).
+    pub fn heap_bytes(&self) -> usize {
+        self.tool_states.capacity() * std::mem::size_of::<u16>()
+    }
+
     /// A tracker for a request whose prompt was classified as `prompt`.
     pub fn new(markers: &ReasoningMarkers, prompt: PromptReasoning) -> Self {
         Self {

@@ -10,7 +10,8 @@
 //! it are dropped: the index answers less, never wrongly more).
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
+
+use hashbrown::HashMap;
 use std::hash::{BuildHasher, Hasher};
 
 use crate::kv_tier::{TierId, MAX_TIERS};
@@ -108,6 +109,11 @@ impl PrefixIndex {
     /// Blocks the index knows of (in any medium).
     pub fn len(&self) -> usize {
         self.residency.len()
+    }
+
+    /// Bytes its map has allocated.
+    pub fn heap_bytes(&self) -> usize {
+        self.residency.allocation_size()
     }
 
     /// Whether it knows of none.

@@ -11,7 +11,10 @@
 //! deterministic for the same state; the budget lies in `[1, max_num_batched_tokens]`; phases
 //! only move forward; an unknown finish reason never fails or loses a request.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::hash_map::RandomState;
+use std::collections::VecDeque;
+
+use hashbrown::HashMap;
 
 use crate::config::{Config, Policy, ReasoningBlockRule};
 use crate::error::{check_time_ms, shown, Error, Result};
@@ -155,6 +158,25 @@ pub struct FinishedRequest {
     pub never_reusable_from_token: Option<u32>,
     /// Why a plan ended it early ([`StepPlan::shed`]); `None` for every other request.
     pub shed: Option<ShedReason>,
+}
+
+/// What the core holds on the heap, for checking that a long-running engine stays flat: every
+/// term scales with the requests live now, the most that were ever live at once (slots are
+/// reused, never freed), or the blocks some cache holds, never with requests that finished.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Requests tracked now (probes included).
+    pub num_live_requests: usize,
+    /// Request slots allocated: the most requests ever live at once.
+    pub num_slots: usize,
+    /// Plans whose step output has not come back yet.
+    pub num_pending_steps: usize,
+    /// Block hashes the prefix index holds ([`PrefixIndex::len`]).
+    pub num_indexed_blocks: usize,
+    /// Bytes of the core's collections and of its live requests' own heap data (ids, prompt block
+    /// hashes, tool-call matchers), by capacity; the configuration and the fixed-size predictors
+    /// are left out.
+    pub heap_bytes: usize,
 }
 
 /// Engine-wide counters; monotone.
@@ -396,7 +418,7 @@ pub struct Meridian {
     slots: Vec<Slot>,
     hot: Vec<Hot>,
     free_slots: Vec<u32>,
-    by_req_id: HashMap<String, ReqHandle>,
+    by_req_id: HashMap<String, ReqHandle, RandomState>,
     /// Per class (indexed by [`ClassId`]): what its requests' thinking and answers look like.
     lengths: Vec<ClassLengths>,
     step_model: StepTimeModel,
@@ -515,7 +537,7 @@ impl Meridian {
             slots: Vec::new(),
             hot: Vec::new(),
             free_slots: Vec::new(),
-            by_req_id: HashMap::new(),
+            by_req_id: HashMap::with_hasher(RandomState::new()),
             stats: SchedulerStats::default(),
             pending_steps: VecDeque::new(),
             last_output_ms: None,
@@ -541,6 +563,30 @@ impl Meridian {
     /// Engine-wide counters.
     pub fn stats(&self) -> SchedulerStats {
         self.stats
+    }
+
+    /// What the core holds now; see [`Footprint`].
+    pub fn footprint(&self) -> Footprint {
+        use std::mem::size_of;
+        let live = self.slots.iter().filter_map(|slot| slot.request.as_ref());
+        let requests_bytes: usize = live
+            .map(|r| r.req_id.capacity() + r.block_hashes.len() * size_of::<u64>() + r.tracker.heap_bytes())
+            .sum();
+        let collections_bytes = self.slots.capacity() * size_of::<Slot>()
+            + self.hot.capacity() * size_of::<Hot>()
+            + self.free_slots.capacity() * size_of::<u32>()
+            + self.by_req_id.allocation_size()
+            + self.pending_steps.capacity() * size_of::<PendingStep>()
+            + (self.seen.capacity() + self.scratch_keys.capacity()) * size_of::<u64>()
+            + self.judgements.capacity()
+            + self.prefix_index.heap_bytes();
+        Footprint {
+            num_live_requests: self.by_req_id.len(),
+            num_slots: self.slots.len(),
+            num_pending_steps: self.pending_steps.len(),
+            num_indexed_blocks: self.prefix_index.len(),
+            heap_bytes: collections_bytes + requests_bytes,
+        }
     }
 
     /// Per-class attainment counters, indexed by [`ClassId`].

@@ -478,6 +478,19 @@ impl PyMeridian {
         Ok(d)
     }
 
+    /// What the core holds now: `{num_live_requests, num_slots, num_pending_steps,
+    /// num_indexed_blocks, heap_bytes}`.
+    fn footprint<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let f = self.inner.footprint();
+        let d = PyDict::new(py);
+        d.set_item("num_live_requests", f.num_live_requests)?;
+        d.set_item("num_slots", f.num_slots)?;
+        d.set_item("num_pending_steps", f.num_pending_steps)?;
+        d.set_item("num_indexed_blocks", f.num_indexed_blocks)?;
+        d.set_item("heap_bytes", f.heap_bytes)?;
+        Ok(d)
+    }
+
     /// Per-class attainment counters: `{class: {counter: value}}`.
     fn class_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let out = PyDict::new(py);

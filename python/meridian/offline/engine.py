@@ -438,6 +438,7 @@ class OfflineEngine:
         max_steps: int = 10_000_000,
         progress: Callable[[int], None] | None = None,
         host_load_ms_per_token: float = 0.0,
+        after_step: Callable[[Mapping[int, Any], int], None] | None = None,
     ) -> None:
         from meridian.vllm.convert import step_shape
 
@@ -449,6 +450,10 @@ class OfflineEngine:
         self.keep_output_tokens = keep_output_tokens
         self.max_steps = max_steps
         self.progress = progress or (lambda _n: None)
+        #: Called with vLLM's engine outputs (client index → ``EngineCoreOutputs``) and the step's
+        #: scheduled tokens once each step's output is applied and its finished requests recorded:
+        #: the soak's invariant checks.
+        self.after_step = after_step
         self._step_shape = step_shape
         self.now_ms = 0.0
         if hasattr(scheduler, "clock_ms"):
@@ -520,6 +525,11 @@ class OfflineEngine:
     def num_unfinished(self) -> int:
         """Submitted requests that have not finished (a rejected one finishes on arrival)."""
         return len(self._pending) + len(self._live)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests added to the scheduler that have not finished."""
+        return len(self._live)
 
     def _start(self) -> None:
         if not self._started:
@@ -634,6 +644,8 @@ class OfflineEngine:
             self.observer.on_tokens_batch(self.now_ms, handles, counts, flat)
         for req_id, reason, stop_reason in finished:
             self._finish(req_id, reason, stop_reason if isinstance(stop_reason, str) else None)
+        if self.after_step is not None:
+            self.after_step(engine_outputs, output.total_num_scheduled_tokens)
 
     def _count_prefix_cache(self, batches: Any) -> None:
         result = self.result

@@ -572,6 +572,9 @@ impl StateMachineTest for Sut {
             "a request lost or duplicated"
         );
         assert_eq!(sut.live.len(), sut.core.num_requests());
+        let footprint = sut.core.footprint();
+        assert_eq!(footprint.num_live_requests, sut.live.len(), "the footprint counts the live requests");
+        assert!(footprint.num_slots >= footprint.num_live_requests);
         for (h, req_id) in &sut.live {
             assert_ne!(sut.core.phase(*h).expect("a live request has a phase"), Phase::Done);
             assert_eq!(sut.core.handle_of(req_id), Some(*h));

@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::Medium;
 use std::collections::HashSet;
 
 const THINK: u32 = 1;
@@ -479,7 +480,7 @@ proptest! {
         let mut ended = HashSet::new();
         let mut running: Vec<ReqHandle> = Vec::new();
         let mut waiting: Vec<ReqHandle> = Vec::new();
-        let mut phases: HashMap<ReqHandle, Phase> = HashMap::new();
+        let mut phases: std::collections::HashMap<ReqHandle, Phase> = std::collections::HashMap::new();
         let mut now = 0.0;
         let mut next_id = 0;
         let mut last_step = None;
@@ -1228,4 +1229,57 @@ fn value_density_is_the_default_and_leaves_queueing_classes_in_slack_order() {
 fn the_waiting_order_key_is_validated_by_name() {
     let err = Config::from_json(r#"{"overload": {"waiting_order": "fastest"}}"#).unwrap_err().to_string();
     assert!(err.contains("fastest") && err.contains("value_density"), "{err}");
+}
+
+/// One wave of a long-running engine: `n` requests arrive, run a few steps through thinking into
+/// their answers with their prompt blocks cached, and finish; the cache then drops their blocks.
+fn run_wave(core: &mut Meridian, wave: u64, n: u64) {
+    let t0 = wave as f64 * 1_000.0;
+    let handles: Vec<_> = (0..n).map(|i| add(core, &format!("w{wave}-r{i}"), t0, 40)).collect();
+    let hashes: Vec<u64> = (0..n * 2).map(|i| (wave << 32) | i).collect();
+    for (i, &h) in handles.iter().enumerate() {
+        core.set_block_hashes(h, hashes[i * 2..i * 2 + 2].to_vec()).unwrap();
+    }
+    core.on_blocks_stored(Medium::Device, &hashes).unwrap();
+    for step in 0..4u32 {
+        let now_ms = t0 + f64::from(step) * 10.0;
+        let plan = core.plan_step(now_ms, &handles, &[], 1_000).unwrap();
+        let shape = StepShape { num_prefill_tokens: 0, num_decode_requests: n as u32, num_context_tokens: 0 };
+        core.on_step_output(now_ms + 5.0, plan.step_id, shape).unwrap();
+        let tokens: &[u32] = if step == 2 { &[END, WORD] } else { &[WORD] };
+        for &h in &handles {
+            core.on_tokens(now_ms + 5.0, h, tokens).unwrap();
+        }
+    }
+    for &h in &handles {
+        core.finish(t0 + 50.0, h, "stop", &[]).unwrap();
+    }
+    core.on_blocks_removed(Medium::Device, &hashes).unwrap();
+}
+
+#[test]
+fn the_footprint_is_flat_over_waves_of_finished_requests() {
+    // The core of a server that runs for weeks: what it holds must not grow with the requests it
+    // has seen, only with those live now.
+    let mut core = engine();
+    run_wave(&mut core, 0, 64);
+    let settled = core.footprint();
+    assert_eq!(settled.num_live_requests, 0);
+    assert_eq!(settled.num_indexed_blocks, 0);
+    assert_eq!(settled.num_slots, 64, "a slot per request that was live at once");
+    for wave in 1..200 {
+        run_wave(&mut core, wave, 64);
+        let now = core.footprint();
+        // The id map may double once: with its peak live and the tombstones finished requests
+        // left, the map grows instead of rehashing in place, and then never again.
+        assert!(now.heap_bytes <= 2 * settled.heap_bytes, "wave {wave}: {now:?} against {settled:?}");
+        assert_eq!(Footprint { heap_bytes: 0, ..now }, Footprint { heap_bytes: 0, ..settled }, "wave {wave}");
+    }
+    assert_eq!(core.stats().num_finished, 200 * 64);
+
+    let h = add(&mut core, "live", 300_000.0, 40);
+    core.set_block_hashes(h, vec![1, 2]).unwrap();
+    let live = core.footprint();
+    assert_eq!(live.num_live_requests, 1);
+    assert!(live.heap_bytes > settled.heap_bytes, "a live request's id and hashes count");
 }
