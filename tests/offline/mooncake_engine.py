@@ -4,9 +4,12 @@ written as JSON; engine A then keeps its store segment alive until the test says
 
     python mooncake_engine.py MODEL OUT_JSON [--start-after FILE] [--wait-for FILE] [--scheduler-cls CLS]
         [--host-tier] [--reasoning] [--max-tokens N] [--kv-cache-blocks N] [--meridian JSON]
+        [--again-after FILE]
 
-``--start-after`` builds the engine at once and holds its prompts until the file exists, so a
-second engine starts up while the first one computes (an engine's start-up is most of its time).
+``--start-after`` builds the engine at once (then touches OUT_JSON's ``.ready``) and holds its
+prompts until the file exists, so a second engine starts up while the first one computes (an
+engine's start-up is most of its time). ``--again-after`` runs the prompts a second time once its
+file exists, into OUT_JSON's ``.again.json``.
 
 ``--host-tier`` puts Meridian's host tier in front of the store, both parts of vLLM's
 ``MultiConnector``; ``--reasoning`` ends each prompt with ``<think>`` under vLLM's ``deepseek_r1``
@@ -84,6 +87,12 @@ def scheduler_report(scheduler: Any) -> dict[str, Any]:
                                    for r in reports)}
 
 
+def write_results(llm: Any, results: Any, path: Path) -> None:
+    report = scheduler_report(llm.llm_engine.engine_core.engine_core.scheduler)
+    path.write_text(json.dumps({"tokens": [list(r.outputs[0].token_ids) for r in results],
+                                "num_cached_tokens": [r.num_cached_tokens for r in results], **report}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -96,6 +105,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     parser.add_argument("--kv-cache-blocks", type=int, default=KV_CACHE_BLOCKS)
     parser.add_argument("--meridian", type=json.loads, default={})
+    parser.add_argument("--again-after", type=Path, default=None,
+                        help="then run the prompts again once this file exists, into OUT_JSON's .again.json")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         torch.cuda.Event = CompletedEvent  # type: ignore[misc, assignment]
@@ -110,16 +121,19 @@ def main() -> None:
               # request waiting past its TTFT target on a busy machine would be ended early.
               additional_config={"meridian": {"overload": {"on_overload": "queue"}, **args.meridian}},
               reasoning_parser="deepseek_r1" if args.reasoning else None)
+    args.out.with_suffix(".ready").touch()
     rng = random.Random(3)
     tail = [THINK_START] if args.reasoning else []
     prompts = [{"prompt_token_ids": [rng.randrange(8, 60) for _ in range(PROMPT_TOKENS)] + tail}
                for _ in range(NUM_PROMPTS)]
     while args.start_after is not None and not args.start_after.exists():
         time.sleep(0.2)
-    results = llm.generate(prompts, SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True))
-    report = scheduler_report(llm.llm_engine.engine_core.engine_core.scheduler)
-    args.out.write_text(json.dumps({"tokens": [list(r.outputs[0].token_ids) for r in results],
-                                    "num_cached_tokens": [r.num_cached_tokens for r in results], **report}))
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
+    write_results(llm, llm.generate(prompts, params), args.out)
+    if args.again_after is not None:
+        while not args.again_after.exists():
+            time.sleep(0.2)
+        write_results(llm, llm.generate(prompts, params), args.out.with_suffix(".again.json"))
     while args.wait_for is not None and not args.wait_for.exists():
         time.sleep(0.2)
 

@@ -6,8 +6,11 @@ seeded random-weights model: the trained fixtures ignore their KV)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
-from collections.abc import Callable
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +298,128 @@ def disk_tier_config(root: Path) -> dict[str, Any]:
         spec_name="HostCopyTieringSpec",
         secondary_tiers=[{"type": "fs", "root_dir": str(root), "n_read_threads": 1, "n_write_threads": 1}])
     return config
+
+
+class DiskJobs:
+    """What vLLM's file-system tier did: load jobs submitted, and jobs that finished failed."""
+
+    def __init__(self) -> None:
+        self.loads = self.failed_loads = self.failed_stores = 0
+
+
+@pytest.fixture
+def disk_jobs(monkeypatch: pytest.MonkeyPatch) -> DiskJobs:
+    from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+
+    jobs = DiskJobs()
+    submit_load, finished = FileSystemTierManager.submit_load, FileSystemTierManager.get_finished_jobs
+
+    def counting_load(self: Any, job: Any) -> None:
+        jobs.loads += 1
+        submit_load(self, job)
+
+    def counting_finished(self: Any) -> Any:
+        loading = set(self._load_job_keys)
+        results = list(finished(self))
+        for result in results:
+            if not result.success:
+                if result.job_id in loading:
+                    jobs.failed_loads += 1
+                else:
+                    jobs.failed_stores += 1
+        return results
+
+    monkeypatch.setattr(FileSystemTierManager, "submit_load", counting_load)
+    monkeypatch.setattr(FileSystemTierManager, "get_finished_jobs", counting_finished)
+    return jobs
+
+
+@contextlib.contextmanager
+def read_only(root: Path) -> Iterator[None]:
+    """Every folder and file under ``root`` unwritable, for root too (the immutable attribute)."""
+    paths = [root, *root.rglob("*")]
+    if os.geteuid() == 0:
+        made = subprocess.run(["chattr", "-R", "+i", str(root)], capture_output=True, check=False).returncode == 0
+    else:
+        for path in paths:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        made = True
+    try:
+        probe = root / "probe"
+        try:
+            probe.touch()
+        except OSError:
+            pass
+        else:
+            pytest.skip(f"cannot make {root} read-only here")
+        assert made
+        yield
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-R", "-i", str(root)], check=False)
+        else:
+            for path in paths:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+@contextlib.contextmanager
+def tiny_filesystem(root: Path, size_kib: int) -> Iterator[None]:
+    """A ``size_kib`` tmpfs mounted on ``root`` (skips where mounting is not allowed)."""
+    root.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(root)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+@pytest.mark.parametrize("fault", ["read-only", "full", "truncated"])
+def test_disk_tier_faults_cost_hits_never_requests(random_model: Path, counted: Counts, disk_jobs: DiskJobs,
+                                                   unpressured: Reference, tmp_path: Path, fault: str) -> None:
+    """The disk tier of ``test_the_disk_tier_serves_a_fresh_engine_after_a_restart`` with a fault
+    between the engine that stores and the fresh one that loads, both under Meridian's scheduler:
+
+    - read-only: the folder made unwritable (the engine already running when a disk is remounted
+      read-only): the second engine, on prompts that share their first block with the first's,
+      loads what is there and its stores of the rest fail;
+    - full: a 512 KiB file system, room for two of the blocks: most stores fail with ENOSPC, and
+      the second engine loads what fitted;
+    - truncated: every block file cut to half its size: each load fails, vLLM marks the blocks a
+      miss and they are recomputed.
+
+    Every request of both engines ends with the tokens of an engine that computed everything."""
+    root = tmp_path / "kv"
+    config = disk_tier_config(root)
+    meridian = {"scheduler_cls": "meridian.vllm.MeridianScheduler", "meridian": ALWAYS_RESTORE}
+    roomy = unpressured(False)
+    full = tiny_filesystem(root, 512) if fault == "full" else contextlib.nullcontext()
+    with full:
+        assert generate(random_model, kv_cache_blocks=64, kv_transfer_config=config, **meridian) == roomy
+        stored = sorted(root.rglob("*.bin"))
+        assert stored, "the disk tier stored nothing"
+        if fault == "full":
+            assert disk_jobs.failed_stores > 0, "every store fitted: the file system was not full"
+        if fault == "truncated":
+            for path in stored:
+                os.truncate(path, path.stat().st_size // 2)
+        faulty = read_only(root) if fault == "read-only" else contextlib.nullcontext()
+        # Read-only, the second engine's prompts end with <think>: their first block is on disk,
+        # what they generate is not, so the engine has blocks of its own to store.
+        reasoning = fault == "read-only"
+        with faulty:
+            failed_stores = disk_jobs.failed_stores
+            assert generate(random_model, kv_cache_blocks=64, kv_transfer_config=config, reasoning=reasoning,
+                            **meridian) == unpressured(reasoning)
+    assert disk_jobs.loads > 0, "the second engine found nothing on disk"
+    if fault == "truncated":
+        assert disk_jobs.failed_loads == disk_jobs.loads, vars(disk_jobs)
+    else:
+        assert disk_jobs.failed_loads == 0 and counted.loads > 0, (vars(disk_jobs), vars(counted))
+    if fault == "read-only":
+        assert disk_jobs.failed_stores > failed_stores, "the second engine's stores did not fail"
 
 
 @pytest.mark.parametrize("prefetch_requests", [0, 4], ids=["no-prefetch", "prefetch"])
