@@ -562,3 +562,37 @@ def test_a_live_request_s_blocks_stay_until_it_finishes() -> None:
             assert policy.evict(2, protected=set()) is None, "only kept blocks are left but one"
             policy.on_request_finished([keys[:3]], set(keys[:3]), set(), running)
             assert [k for k, _ in policy.evict(2, protected=set()) or []] == [keys[5], keys[2]]
+
+
+def test_a_slow_host_link_turns_restores_into_recomputes(random_model: Path, counted: Counts, unpressured: Reference,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host tier whose loads take 50 ms per KV tensor (a congested link): Meridian's online fit of the
+    tier's load cost sees it, and under ``restore: auto`` the preempted requests recompute instead
+    of waiting on the link; the tokens are the unpressured run's."""
+    import time
+
+    from meridian.vllm.kvtier import HostCopyWorker
+
+    copy_rows = HostCopyWorker._copy_rows
+
+    def slow_rows(self: HostCopyWorker, tensor: int, pairs: list[tuple[int, int]], *, to_host: bool) -> None:
+        if not to_host:
+            time.sleep(0.05)  # per KV tensor of a load job: the link, not the copy, is slow
+        copy_rows(self, tensor, pairs, to_host=to_host)
+
+    monkeypatch.setattr(HostCopyWorker, "_copy_rows", slow_rows)
+    seen: dict[str, Any] = {}
+
+    def inspect(scheduler: Any) -> None:
+        seen.update(load_ms_per_token=scheduler.meridian.kv_load_ms_per_token(0), **scheduler.meridian.kv_tier_counters())
+
+    roomy = unpressured(False)
+    tiered = generate(random_model, kv_cache_blocks=12, kv_transfer_config=tier_config(64 * 1024 * 1024),
+                      scheduler_cls="meridian.vllm.MeridianScheduler", inspect=inspect)
+    assert tiered == roomy
+    assert counted.preemptions > 0, vars(counted)
+    # The first loads measure the link (restores decided before a measurement stay restores);
+    # after them, restoring costs more than recomputing. Unslowed, the same run under `auto`
+    # restores every preemption (4 restores, 0 recomputes, 2026-12-05).
+    assert seen["load_ms_per_token"] > 1.0, seen
+    assert seen["num_recomputes"] > 0, seen
