@@ -131,15 +131,18 @@ class StreamResult:
 
 
 def stream_chat(base_url: str, model: str, message: str, *, max_tokens: int = 400,
-                extra: dict[str, Any] | None = None, timeout_s: float = 300.0) -> StreamResult:
-    """One streaming ``/v1/chat/completions`` request at temperature 0."""
+                extra: dict[str, Any] | None = None, timeout_s: float = 300.0,
+                headers: dict[str, str] | None = None) -> StreamResult:
+    """One streaming ``/v1/chat/completions`` request at temperature 0 (``headers``: e.g. vLLM's
+    ``X-data-parallel-rank``)."""
     import httpx
 
     body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": message}],
                             "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
     body.update(extra or {})
     sent_s = time.monotonic()
-    with httpx.Client(timeout=timeout_s) as client, client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as r:
+    with httpx.Client(timeout=timeout_s) as client, client.stream("POST", f"{base_url}/v1/chat/completions", json=body,
+                                                                  headers=headers) as r:
         result = StreamResult(status=r.status_code, sent_s=sent_s)
         if r.status_code != 200:
             result.error = r.read().decode(errors="replace")
