@@ -34,7 +34,6 @@ import json
 import os
 import random
 import shutil
-import socket
 import string
 import sys
 import threading

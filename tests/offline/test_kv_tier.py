@@ -270,7 +270,6 @@ def test_the_disk_tier_serves_a_fresh_engine_after_a_restart(random_model: Path,
     engine stores its prompts' blocks through the host tier to disk and exits; a second engine
     (a new host tier, empty) loads them back from disk on its first requests, and its tokens are
     those of an engine that computed everything."""
-    import os
 
     config = tier_config(64 * 1024 * 1024)
     config["kv_connector_extra_config"].update(
