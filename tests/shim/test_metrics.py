@@ -60,6 +60,21 @@ def test_finished_requests_are_observed_once_and_gauges_read_zero_when_idle(
     assert values.ValueClass is value_class and os.environ.get(MULTIPROC_DIR_ENV) == env_dir
 
 
+def test_a_fresh_scheduler_publishes_every_gauge_before_its_first_request(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dashboard pointed at a server that has served nothing yet reads an empty queue, not "no
+    # data": Prometheus' multiprocess collector leaves out a gauge that was never set.
+    scheduler = scheduler_with_metrics(tiny_model, tmp_path, monkeypatch)
+    samples = collected(scheduler.metrics.directory)
+    exported = {name for name, _labels in samples}
+    gauges = {s.name for s in SERIES.values() if s.kind == "gauge"}
+    assert gauges <= exported, sorted(gauges - exported)
+    for state in REQUEST_STATES:
+        assert total(samples, METRIC_NAMES["num_requests"], state=state) == 0.0
+    assert total(samples, METRIC_NAMES["phase_weighted_queue"]) == 0.0
+
+
 def test_every_series_is_made_from_its_definition_in_names(tmp_path: Path) -> None:
     # The docs' metrics reference is generated from `names.SERIES`: what the engine core exports
     # must be exactly that, name, type, labels and HELP text.

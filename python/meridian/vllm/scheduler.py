@@ -202,6 +202,10 @@ class MeridianScheduler(AsyncScheduler):
             else None
         )
         self._metrics_failed = False
+        # Written once now, so a server that has served nothing yet exports its idle gauges:
+        # Prometheus' multiprocess collector leaves out a gauge never set, and a dashboard would
+        # read "no data" where the queue is empty.
+        self._refresh_metrics()
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 
