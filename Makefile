@@ -34,24 +34,22 @@ docs: setup  ## Regenerate the configuration and metrics references and serve th
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 .PHONY: test-rust
-test-rust:  ## Rust unit, property and doc tests; check that the benches build
+test-rust:  ## Rust unit, property and doc tests; each criterion bench run once in test mode
 	cargo test --workspace --exclude meridian-py
-	cargo bench -p meridian-core --no-run
+	cargo test -p meridian-core --benches
 
-# The in-process layers run on every core (pytest-xdist; worksteal, as a few KV-tier tests take
-# seconds each); the live servers run after them, one at a time, so no other work shares the
-# cores their timing depends on.
+# One pytest-xdist run: the live-server tests are one scope (tests/conftest.py), run on one worker
+# one server at a time, while the other workers take the in-process tests one by one (worksteal in
+# test-fast, where there are no servers).
 PYTEST = $(PY) -m pytest -q -p no:cacheprovider
-PARALLEL = -n auto --dist worksteal
 
 .PHONY: test-py
-test-py:  ## pytest, every layer: core binding, shim, offline engine, replay, demo, GPU (skips without one), then the live servers
-	$(PYTEST) $(PARALLEL) tests --ignore=tests/live
-	$(PYTEST) tests/live
+test-py:  ## pytest, every layer: core binding, shim, offline engine, replay, demo, GPU (skips without one), live servers
+	$(PYTEST) -n auto --dist loadscope tests
 
 .PHONY: test-fast
-test-fast:  ## pytest without the live servers and the GPU (about 90 s on 2 cores)
-	$(PYTEST) $(PARALLEL) tests --ignore=tests/live --ignore=tests/gpu
+test-fast:  ## pytest without the live servers, the engines run as processes and the GPU (about 90 s on 2 cores)
+	$(PYTEST) -n auto --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
 
 .PHONY: test
 test: setup bench-live-setup lint test-rust test-py  ## Set everything up and run every test

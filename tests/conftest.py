@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,6 +35,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="vLLM is not installed"))
         if "gpu" in item.keywords and not _has_cuda():
             item.add_marker(pytest.mark.skip(reason="no CUDA device"))
+
+
+SERVING_TESTS = "tests/live/"
+#: A server that stops at start-up serves nothing: it may start beside a serving one.
+START_UP_TESTS = "tests/live/test_start_up.py"
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``pytest -n N --dist loadscope`` (``make test``): every test of a serving live server
+    is one scope, run by one worker in file order (one server at a time, module fixtures shared),
+    while the other workers take every other test one by one. Two serving servers at once would
+    put both engines' model workers on one core: on two CPUs vLLM's CPU build binds each to CPU 0
+    and reserves CPU 1. (pytest-xdist's ``xdist_group`` marks would say this, but its
+    ``loadgroup`` renames node ids, which pytest 9.2 no longer lets a plugin do.)"""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServingTestsOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            serving = nodeid.startswith(SERVING_TESTS) and not nodeid.startswith(START_UP_TESTS)
+            return SERVING_TESTS if serving else nodeid
+
+    return ServingTestsOnOneWorker(config, log)
 
 
 @pytest.fixture(scope="session")

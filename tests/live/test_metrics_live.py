@@ -1,7 +1,7 @@
 """Live: Meridian's series on the ``/metrics`` of vLLM's OpenAI server (CPU build, tiny reasoning
-model), read with prometheus-client's parser — in vLLM's default layout (one API server, the
-scheduler in the engine-core process) and with data parallelism (two engine cores, each its own
-``MeridianScheduler``, behind two API servers)."""
+model), read with prometheus-client's parser, in vLLM's default layout (one API server, the
+scheduler in the engine-core process); ``test_data_parallel.py`` reads them with two engine cores
+behind two API servers."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def settled(server: VllmServer, name: str, expected: float) -> Samples:
 def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     folder = tmp_path_factory.mktemp("metrics")
     # The tests count every request they send (finished, or aborted by the test itself): late ones
-    # queue instead of being shed (tests/live/test_shed.py covers shedding).
+    # queue instead of being shed (tests/live/test_middleware.py covers shedding).
     config = json.dumps({"meridian": {"request_log_path": str(folder / "requests.jsonl"), **QUEUE_LATE}})
     # The server's own bus folder, so a test can find the files its engine core writes the series to.
     with pytest.MonkeyPatch.context() as env:
@@ -171,30 +171,3 @@ def test_gauges_show_the_queue_of_a_paused_server_and_read_zero_once_it_is_idle(
     assert attainment and 0.0 <= attainment[0] <= 1.0
     base = values(samples, METRIC_NAMES["step_time_model"], term="base")
     assert base and base[0] > 0.0
-
-
-def test_data_parallel_ranks_each_run_their_own_scheduler_and_label_their_series(
-    cache_dir: Path, tmp_path: Path
-) -> None:
-    # vLLM's data parallelism runs on the CPU build; with it vLLM starts one API server per rank
-    # and Prometheus' multiprocess mode: two API servers that must not add the engines' series up
-    # twice.
-    config = json.dumps({"meridian": {"request_log_path": str(tmp_path / "requests.jsonl"), **QUEUE_LATE}})
-    args = SERVER_ARGS + ["--data-parallel-size", "2", "--additional-config", config]
-    with VllmServer(FIXTURE, args, log_path=tmp_path / "serve.log", cache_dir=cache_dir) as srv:
-        assert "Started 2 API server processes" in srv.log()
-        run_cases(srv)
-        samples = settled(srv, f"{TTFAT}_count", len(CASES))
-        logs = {0: request_log([tmp_path / "requests.jsonl"]), 1: request_log([tmp_path / "requests.dp1.jsonl"])}
-        per_engine = {rank: total(samples, f"{TTFAT}_count", engine=str(rank)) for rank in (0, 1)}
-        # Each scrape (whichever API server answers) counts every request once.
-        for _ in range(4):
-            assert total(scrape(srv), f"{TTFAT}_count") == len(CASES)
-    assert not (tmp_path / "requests.dp0.jsonl").exists(), "rank 0 keeps the configured name"
-    assert {rank: len(log) for rank, log in logs.items()} == per_engine
-    assert sum(per_engine.values()) == len(CASES)
-    for rank in (0, 1):
-        assert values(samples, METRIC_NAMES["num_requests"], engine=str(rank)), f"rank {rank} publishes"
-    for rank in (0, 1):
-        assert math.isclose(total(samples, f"{TTFAT}_sum", engine=str(rank)),
-                            sum(e["ttfat_ms"] for e in logs[rank]) / 1000.0, rel_tol=1e-6, abs_tol=1e-9)

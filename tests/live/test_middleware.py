@@ -1,25 +1,36 @@
-"""Live: a shed request end to end on a real server. ``vllm serve`` (CPU build, tiny reasoning
-model) with ``--scheduler-cls meridian.vllm.MeridianScheduler``, ``--middleware
-meridian.vllm.frontend.MeridianFrontend`` and a class whose requests are shed under overload
-(``on_overload: shed``) with a TTFT target of 400 ms. Two seat holders of the queueing class take
-both seats first and decode until the test lets them go (``ignore_eos``, thousands of tokens), so a
-burst of streaming and non-streaming requests sent once the engine's step log shows both holders
-decoding waits behind held seats by construction — not by a race against the machine's speed or
-the pace at which vLLM's API server, sharing two cores with the engine, admits requests and
-streams their tokens. Every burst request either completes with the model's usual answer or gets
-HTTP 503 with ``Retry-After`` and the core's notice naming its class and the TTFT target — never a
-connection error or a 500; the engine shed it within that target of its arrival (by the request
-log's clock) and the client heard of it while the seats were still held; the queueing class's
-request is served once the seats free up; ``/metrics`` counts the shed requests by class and
-reason, exactly as many as the clients saw, and publishes the classes' saturation gauge."""
+"""Live: Meridian's middleware on a real server, both of its answers. ``vllm serve`` (CPU build,
+tiny reasoning model) with ``--scheduler-cls meridian.vllm.MeridianScheduler``, ``--middleware
+meridian.vllm.frontend.MeridianFrontend``, no logits processor, and two classes of its own: one
+whose requests are shed under overload (``on_overload: shed``, a TTFT target of 400 ms) and one
+that queues.
+
+HTTP 400. While one request streams, requests naming a class this server lacks or carrying an
+out-of-range thinking budget get HTTP 400 naming the argument from vLLM's OpenAI server (never
+reaching the engine), and the streaming request completes. Without the middleware the engine
+rejects such a request instead (``test_server.py``: an error event with code 500 in the stream, the
+server log naming the argument).
+
+HTTP 503. Two seat holders of the queueing class take both seats first and decode until the test
+lets them go (``ignore_eos``, thousands of tokens), so a burst of streaming and non-streaming
+requests sent once the engine's step log shows both holders decoding waits behind held seats by
+construction — not by a race against the machine's speed or the pace at which vLLM's API server,
+sharing two cores with the engine, admits requests and streams their tokens. Every burst request
+either completes with the model's usual answer or gets HTTP 503 with ``Retry-After`` and the
+core's notice naming its class and the TTFT target — never a connection error or a 500; the
+engine shed it within that target of its arrival (by the request log's clock) and the client
+heard of it while the seats were still held; the queueing class's request is served once the
+seats free up; ``/metrics`` counts the shed requests by class and reason, exactly as many as the
+clients saw, and publishes the classes' saturation gauge."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +41,7 @@ from meridian._core import SHED_MARKER, parse_shed_notice
 from meridian.demo.loadgen import pin
 from meridian.demo.server import VllmServer
 from meridian.offline.tiny import LETTERS
-from meridian.vllm.names import CLASS_ARG, CONFIG_KEY, METRIC_NAMES, MIDDLEWARE, XARGS_FIELD
+from meridian.vllm.names import CLASS_ARG, CONFIG_KEY, METRIC_NAMES, MIDDLEWARE, THINKING_BUDGET_ARG, XARGS_FIELD
 
 from tiny_server import FIXTURE, MODEL, server_args
 
@@ -54,11 +65,17 @@ BURST = 10
 #: Bursts tried until one reaches the engine while the holders hold their seats: with both cores
 #: busy elsewhere, vLLM's API server was seen passing a request on only after 26 s and 35 s.
 TRIES = 4
+#: (endpoint, request arguments, streamed, the argument the 400 must name).
+BAD: list[tuple[str, dict[str, Any], bool, str]] = [
+    ("chat/completions", {CLASS_ARG: "standard"}, False, CLASS_ARG),
+    ("chat/completions", {THINKING_BUDGET_ARG: -5}, True, THINKING_BUDGET_ARG),
+    ("completions", {CLASS_ARG: "platinum", THINKING_BUDGET_ARG: 8}, True, CLASS_ARG),
+]
 
 
 @pytest.fixture(scope="module")
 def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
-    folder = tmp_path_factory.mktemp("live-shed")
+    folder = tmp_path_factory.mktemp("live-middleware")
     config = dict(CLASSES, request_log_path=str(folder / "requests.jsonl"), step_log_path=str(folder / "steps.jsonl"))
     args = SERVER_ARGS + ["--middleware", MIDDLEWARE, "--additional-config", json.dumps({CONFIG_KEY: config})]
     with VllmServer(long_context_model(folder / "model"), args, log_path=folder / "serve.log", cache_dir=cache_dir) as srv:
@@ -244,3 +261,71 @@ def shed_counts(server: VllmServer, until: int) -> dict[tuple[str, str], float]:
     saturation = {s.labels["class"] for s in samples if s.name == METRIC_NAMES["saturation"]}
     assert saturation == {"rush", "calm"}, saturation
     return counted
+
+
+def args_body(endpoint: str, xargs: dict[str, Any], stream: bool, n: int = 3, m: int = 2) -> dict[str, Any]:
+    prompt = f"think {n} answer {m}"
+    text = {"messages": [{"role": "user", "content": prompt}]} if endpoint == "chat/completions" else {"prompt": prompt}
+    return {"model": MODEL, **text, "max_tokens": 200, "temperature": 0.0, "stream": stream, XARGS_FIELD: xargs}
+
+
+def stream_events(url: str, request: dict[str, Any], started: threading.Event,
+                  resume: threading.Event) -> list[tuple[float, dict[str, Any]]]:
+    """One streaming request's events with their arrival times; at the first it sets ``started``
+    and reads no further until ``resume`` is set, so the stream is still open when the caller acts."""
+    events: list[tuple[float, dict[str, Any]]] = []
+    with httpx.Client(timeout=300) as client, client.stream("POST", url, json=request) as stream:
+        assert stream.status_code == 200
+        for line in stream.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append((time.monotonic(), json.loads(line.removeprefix("data: "))))
+                if not started.is_set():
+                    started.set()
+                    assert resume.wait(timeout=300)
+    started.set()
+    return events
+
+
+def test_bad_arguments_get_400_naming_them_while_another_request_streams(server: VllmServer) -> None:
+    started, resume = threading.Event(), threading.Event()
+    streaming = args_body("chat/completions", {CLASS_ARG: "calm"}, True, NUM_THINK, NUM_ANSWER)
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(stream_events, f"{server.base_url}/v1/chat/completions", streaming, started, resume)
+        assert started.wait(timeout=300)
+        sent_s = time.monotonic()
+        try:
+            rejected = [(named, httpx.post(f"{server.base_url}/v1/{endpoint}", json=args_body(endpoint, xargs, streamed),
+                                           timeout=60)) for endpoint, xargs, streamed, named in BAD]
+        finally:
+            resume.set()
+        answered_s = time.monotonic()
+        events = future.result()
+    print(f"\nstream {events[-1][0] - events[0][0]:.2f} s; the bad requests sent "
+          f"{sent_s - events[0][0]:.2f} s after its first event, answered {answered_s - sent_s:.2f} s later")
+    for named, response in rejected:
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["code"] == 400 and f"invalid request argument `{named}`" in error["message"], error
+    message = rejected[0][1].json()["error"]["message"]
+    assert "unknown SLO class `standard`; configured classes: " in message and "calm" in message, message
+    # They were answered while the stream was open: its reader held it after the first event
+    # (whether the engine had generated every token by then is the machine's pace: on two cores a
+    # client can get no CPU for longer than the whole stream). The stream never noticed.
+    chunks = [chunk for _, chunk in events]
+    assert not [c for c in chunks if "error" in c]
+    deltas = [c["choices"][0] for c in chunks if c.get("choices")]
+    reasoning = "".join((d.get("delta") or {}).get("reasoning") or "" for d in deltas)
+    content = "".join((d.get("delta") or {}).get("content") or "" for d in deltas)
+    assert [w for w in reasoning.split() if w.isdigit()] == [str(k) for k in range(NUM_THINK, 0, -1)]
+    assert content.split() == LETTERS[:NUM_ANSWER]
+    assert deltas[-1]["finish_reason"] == "stop"
+    # Stopped in the API server: the engine never saw them.
+    assert "rejecting request" not in server.log()
+
+
+def test_good_arguments_pass_and_the_server_serves_on(server: VllmServer) -> None:
+    good = args_body("chat/completions", {CLASS_ARG: "calm", THINKING_BUDGET_ARG: 4}, False)
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=good, timeout=120)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["message"]["content"].split() == LETTERS[:2]

@@ -17,7 +17,7 @@ KV_BYTES_PER_TOKEN = 1024
 #: full length, so a burst of 12 must wait or be preempted.
 PRESSURED_KV_TOKENS = 320
 #: ``meridian`` keys for the tests that count every request they send: late requests queue
-#: instead of being shed (Meridian's default; tests/live/test_shed.py is about shedding).
+#: instead of being shed (Meridian's default; tests/live/test_middleware.py is about shedding).
 QUEUE_LATE = {"overload": {"on_overload": "queue"}}
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.engine_processes]
 
 ENGINE = Path(__file__).resolve().parent / "mooncake_engine.py"
 #: Where scripts/setup.sh unpacks libibverbs when the system lacks it.

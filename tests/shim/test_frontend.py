@@ -2,7 +2,7 @@
 wired as vLLM wires its own: vLLM's exception handlers, its authentication middleware inside ours
 (``--middleware`` is added last), a route whose body is read by FastAPI; the core's argument check
 through ``convert``, and shed requests answered with HTTP 503 from what the route streams or
-returns. The real servers are ``tests/live/test_request_args.py`` and ``tests/live/test_shed.py``."""
+returns. The real server is ``tests/live/test_middleware.py``."""
 
 from __future__ import annotations
 

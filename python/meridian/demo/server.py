@@ -73,7 +73,7 @@ class VllmServer:
                     return self
             except httpx.HTTPError:
                 pass
-            time.sleep(1.0)
+            time.sleep(0.25)
         self.stop()
         raise TimeoutError(f"vllm serve did not become healthy in {self.start_timeout_s:.0f}s; log: {self.log_path}")
 
