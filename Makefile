@@ -78,7 +78,7 @@ compute-model: setup  ## Retrain the compute-bound fixture (head size 64, 4 laye
 	$(PY) scripts/train_tiny.py tests/fixtures/compute-reasoner --shape compute --steps 1500 --lr 1e-3 --seed 0 --half
 
 .PHONY: wheel
-wheel:  ## Build the abi3 wheel into build/wheels
+wheel: setup  ## Build the abi3 wheel into build/wheels (sets up .venv first, for maturin)
 	$(VENV)/bin/maturin build --release --out build/wheels
 
 .PHONY: clean

@@ -207,8 +207,12 @@ class ConfigPage:
             out += [_prose(prop["description"]), ""]
         definition = self.schema.def_name(prop)
         described = self.schema.root["$defs"].get(definition or "", {}).get("description", "")
-        # The parser's raw structs say only that they are raw; the key's own text describes them.
-        if described and not described.startswith("Raw ") and definition not in self.documented:
+        # The parser's raw structs say only that they are raw. A key's own text is usually the
+        # type's said for that key: the type's follows only where it is the longer (the detail:
+        # a rule's paper, its formula), so the page does not say one thing twice.
+        own = prop.get("description", "")
+        if (described and len(described) > len(own) and not described.startswith("Raw ")
+                and definition not in self.documented):
             out += [_prose(described), ""]
         if "oneOf" in target and all("description" in v for v in target["oneOf"]):
             out += [f"- `{v['const']}`: {_prose(v['description'])}" for v in target["oneOf"]] + [""]
