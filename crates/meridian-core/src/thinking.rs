@@ -136,7 +136,7 @@ pub(crate) fn char_suffix(text: &str, max_chars: usize) -> &str {
 /// A thinking budget that is `budget_tokens` while the class meets its TTFAT target and shrinks
 /// linearly toward `min_budget_tokens` as the class's recent TTFAT attainment falls below
 /// `attainment_floor`: `min + ⌊(budget − min) · attainment / floor⌋`. Defaults are ours, read off
-/// the ServeGen DeepSeek-R1 thinking lengths that seed the predictor (`traces/REASONING.md`).
+/// the ServeGen DeepSeek-R1 thinking lengths that seed the predictor.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct LoadAwareBudget {
