@@ -679,7 +679,7 @@ pub struct Config {
     pub class_thinking_control: Vec<Option<ThinkingControl>>,
 }
 
-/// Quantiles of production DeepSeek-R1 thinking lengths (ServeGen's published DeepSeek-R1 reasoning lengths):
+/// Quantiles of production DeepSeek-R1 thinking lengths (ServeGen's published distribution):
 /// p10…p99 spread as a small sample so the predictor starts heavy-tailed.
 const DEFAULT_THINK_PRIOR: [u32; 10] = [90, 180, 300, 420, 515, 680, 950, 1500, 2327, 9301];
 /// Visible answer lengths of the same sources: short and fairly stable.
