@@ -77,6 +77,10 @@ tiny-model: setup  ## Retrain the tiny reasoning model fixture (seeded, ~5 min o
 compute-model: setup  ## Retrain the compute-bound fixture (head size 64, 4 layers; seeded, ~25 min on 2 cores)
 	$(PY) scripts/train_tiny.py tests/fixtures/compute-reasoner --shape compute --steps 1500 --lr 1e-3 --seed 0 --half
 
+.PHONY: long-model
+long-model: setup  ## Retrain the long-reasoning fixture (countdowns up to 990; seeded, ~40 min on 2 cores)
+	$(PY) scripts/train_tiny.py tests/fixtures/long-reasoner --shape long --steps 3000 --lr 1e-3 --seed 0
+
 .PHONY: wheel
 wheel: setup  ## Build the abi3 wheel into build/wheels (sets up .venv first, for maturin)
 	$(VENV)/bin/maturin build --release --out build/wheels

@@ -9,7 +9,12 @@ Greedy decoding therefore thinks for about N·1.35 tokens and answers with exact
 format (prompt and completion words) lives in ``meridian.offline.tiny``; this script, which needs
 ``transformers`` and trains with torch, is a development tool and not part of the package.
 
-    python scripts/train_tiny.py OUT_DIR [--shape tiny|compute] [--steps 1500] [--seed 0] [--half]
+    python scripts/train_tiny.py OUT_DIR [--shape tiny|compute|long] [--steps 1500] [--seed 0] [--half]
+
+``--shape long`` (``tests/fixtures/long-reasoner``) extends the vocabulary with the numbers
+100-999 (every tiny token keeps its id) and trains on countdowns up to 999 in batches of one
+length band each (within a factor of two, drawn log-uniformly), so a batch pads little; greedy
+decoding never picks a filler, so it thinks for exactly N tokens (checked up to 990).
 
 Invariant: the same seed, step count and torch build give the same weights; the written folder
 is a complete model vLLM loads (config, tokenizer, chat template, safetensors weights).
@@ -19,21 +24,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 import time
 from pathlib import Path
 
-from meridian.offline.tiny import MAX_ANSWER, MAX_THINK, MODEL_SHAPES, completion_words, prompt_words, vocabulary, write_tiny_model
+from meridian.offline.tiny import MAX_ANSWER, MAX_NUMBER, MAX_THINK, MODEL_SHAPES, completion_words, prompt_words, vocabulary, write_tiny_model
 
 
-def make_example(rng: random.Random, vocab: dict[str, int]) -> tuple[list[int], list[int]]:
+def make_example(rng: random.Random, vocab: dict[str, int], think_range: tuple[int, int] = (1, MAX_THINK)) -> tuple[list[int], list[int]]:
     """(token ids, loss mask) of one training sequence; the loss covers the completion only."""
-    num_think = rng.randint(1, MAX_THINK)
+    num_think = rng.randint(*think_range)
     num_answer = rng.randint(1, MAX_ANSWER)
     prompt = [vocab[w] for w in prompt_words(num_think, num_answer)]
     completion = [vocab[w] for w in completion_words(num_think, num_answer, rng)]
     return prompt + completion, [0] * len(prompt) + [1] * len(completion)
+
+
+def _think_band(rng: random.Random, max_number: int) -> tuple[int, int]:
+    """The countdown lengths of one batch: every length of the task for the tiny vocabulary; for a
+    longer one a band of lengths within a factor of two, its start drawn log-uniformly, so a batch
+    pads little and every number up to ``max_number`` is counted down from often enough."""
+    if max_number <= MAX_THINK:
+        return 1, max_number
+    low = max(1, int(math.exp(rng.uniform(0.0, math.log(max_number)))))
+    return low, min(max_number, 2 * low)
 
 
 def train(out_dir: str | Path, *, shape: str = "tiny", steps: int = 1500, seed: int = 0, batch_size: int = 32, lr: float = 3e-3,
@@ -44,9 +60,11 @@ def train(out_dir: str | Path, *, shape: str = "tiny", steps: int = 1500, seed: 
     from safetensors.torch import save_file
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    out = write_tiny_model(out_dir, shape=MODEL_SHAPES[shape], max_position_embeddings=512)
+    max_number = MAX_NUMBER[shape]
+    out = write_tiny_model(out_dir, shape=MODEL_SHAPES[shape], max_position_embeddings=512 if max_number <= MAX_THINK else 2048,
+                           max_number=max_number)
     config_dict = json.loads((out / "config.json").read_text())
-    vocab = vocabulary()
+    vocab = vocabulary(max_number)
     torch.manual_seed(seed)
     rng = random.Random(seed)
     config = Qwen3Config(**{k: v for k, v in config_dict.items() if k not in ("architectures", "model_type", "torch_dtype")})
@@ -56,7 +74,7 @@ def train(out_dir: str | Path, *, shape: str = "tiny", steps: int = 1500, seed: 
     pad = vocab["<|endoftext|>"]
     started = time.monotonic()
     for step in range(steps):
-        examples = [make_example(rng, vocab) for _ in range(batch_size)]
+        examples = [make_example(rng, vocab, think_range) for think_range in [_think_band(rng, max_number)] * batch_size]
         width = max(len(ids) for ids, _ in examples)
         ids = torch.full((batch_size, width), pad, dtype=torch.long)
         labels = torch.full((batch_size, width), -100, dtype=torch.long)

@@ -1,5 +1,5 @@
-"""The trained reasoning-format fixtures (tests/fixtures/tiny-reasoner and, in the compute-bound
-shape, tests/fixtures/compute-reasoner): their files are the
+"""The trained reasoning-format fixtures (tests/fixtures/tiny-reasoner; in the compute-bound
+shape, tests/fixtures/compute-reasoner; counting down from up to 990, tests/fixtures/long-reasoner): their files are the
 documented ones, its config and tokenizer are what the generator writes, the training data has
 the promised shape, and greedy decoding through vLLM's real CPU engine follows the prompt's
 lengths — with stock vLLM's scheduler and with MeridianScheduler, token for token."""
@@ -13,11 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from meridian.offline.tiny import FILLERS, LETTERS, MODEL_SHAPES, completion_words, prompt_words, vocabulary, write_tiny_model
+from meridian.offline.tiny import (
+    FILLERS, LETTERS, MAX_NUMBER, MODEL_SHAPES, completion_words, prompt_words, vocabulary, write_tiny_model,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 #: (shape name, fixture folder, largest weights file allowed in the repository).
-MODELS = [("tiny", "tiny-reasoner", 4 * 1024 * 1024), ("compute", "compute-reasoner", 10 * 1024 * 1024)]
+MODELS = [("tiny", "tiny-reasoner", 4 * 1024 * 1024), ("compute", "compute-reasoner", 10 * 1024 * 1024),
+          ("long", "long-reasoner", 4 * 1024 * 1024)]
+#: Prompts each fixture's greedy output is checked on: (countdown, answer letters).
+CASES = {"tiny": [(1, 1), (9, 4), (40, 13), (99, 26)], "compute": [(1, 1), (9, 4), (40, 13), (99, 26)],
+         "long": [(1, 1), (42, 18), (238, 9), (990, 26)]}
 by_model = pytest.mark.parametrize(("shape", "folder", "max_bytes"), MODELS, ids=[m[0] for m in MODELS])
 
 
@@ -36,7 +42,9 @@ def test_fixture_files_match_the_documented_hashes(shape: str, folder: str, max_
 @by_model
 def test_generator_reproduces_config_and_tokenizer(tmp_path: Path, shape: str, folder: str, max_bytes: int) -> None:
     FIXTURE = FIXTURES / folder
-    write_tiny_model(tmp_path, shape=MODEL_SHAPES[shape], max_position_embeddings=512)
+    max_number = MAX_NUMBER[shape]
+    write_tiny_model(tmp_path, shape=MODEL_SHAPES[shape], max_position_embeddings=512 if max_number < 100 else 2048,
+                     max_number=max_number)
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (tmp_path / name).read_bytes() == (FIXTURE / name).read_bytes(), name
 
@@ -63,17 +71,17 @@ def test_greedy_generation_through_vllm_follows_the_prompt(monkeypatch: pytest.M
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: deterministic steps
     from vllm import LLM, SamplingParams
 
-    cases = [(1, 1), (9, 4), (40, 13), (99, 26)]
+    cases = CASES[shape]
     outputs = {}
     for name, scheduler_cls in (("vllm", None), ("meridian", "meridian.vllm.MeridianScheduler")):
         llm = LLM(
-            model=str(FIXTURE), dtype="float32", enforce_eager=True, max_model_len=512, block_size=32,
+            model=str(FIXTURE), dtype="float32", enforce_eager=True, max_model_len=512 if shape != "long" else 1088, block_size=32,
             kv_cache_memory_bytes=16 * 1024 * 1024, reasoning_parser="deepseek_r1", seed=0, max_num_seqs=8,
             scheduler_cls=scheduler_cls,
         )
         vocab = llm.get_tokenizer().get_vocab()
         prompts = [{"prompt_token_ids": [vocab[w] for w in prompt_words(n, m)]} for n, m in cases]
-        results = llm.generate(prompts, SamplingParams(max_tokens=300, temperature=0.0))
+        results = llm.generate(prompts, SamplingParams(max_tokens=1050, temperature=0.0))
         outputs[name] = [list(r.outputs[0].token_ids) for r in results]
         if scheduler_cls is not None:
             scheduler = llm.llm_engine.engine_core.engine_core.scheduler
@@ -83,7 +91,7 @@ def test_greedy_generation_through_vllm_follows_the_prompt(monkeypatch: pytest.M
             assert all(r.num_answer_tokens >= 2 and r.ttfat_ms is not None for r in reports.values())
         del llm
     assert outputs["meridian"] == outputs["vllm"], "the scheduler must not change greedy outputs"
-    inverse = {i: w for w, i in vocabulary().items()}
+    inverse = {i: w for w, i in vocabulary(MAX_NUMBER[shape]).items()}
     for (n, m), ids in zip(cases, outputs["vllm"]):
         words = [inverse[i] for i in ids]
         end = words.index("</think>")

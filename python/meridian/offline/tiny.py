@@ -50,10 +50,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def vocabulary() -> dict[str, int]:
-    """Token → id map of the tiny tokenizer (duplicates removed, first occurrence wins)."""
+def vocabulary(max_number: int = 99) -> dict[str, int]:
+    """Token → id map of the tiny tokenizer (duplicates removed, first occurrence wins). With
+    ``max_number`` above 99 the numbers 100 … ``max_number`` follow the tiny vocabulary, so every
+    token keeps the id it has in the tiny model (the offline engine's scripted ids hold for both)."""
     vocab: dict[str, int] = {}
-    for token in SPECIAL_TOKENS + WORDS:
+    for token in SPECIAL_TOKENS + WORDS + [str(i) for i in range(100, max_number + 1)]:
         vocab.setdefault(token, len(vocab))
     return vocab
 
@@ -77,19 +79,25 @@ class ModelShape:
 MODEL_SHAPES = {
     "tiny": ModelShape(hidden_size=64, num_layers=2, num_heads=2, head_dim=32, intermediate_size=128),
     "compute": ModelShape(hidden_size=256, num_layers=4, num_heads=4, head_dim=64, intermediate_size=1024),
+    # ``long`` (``tests/fixtures/long-reasoner``): the tiny shape, wider for its thousand-number
+    # vocabulary; it counts down from up to ``LONG_MAX_THINK``, so it thinks for up to ~1,350 tokens.
+    "long": ModelShape(hidden_size=128, num_layers=2, num_heads=4, head_dim=32, intermediate_size=256),
 }
+#: The largest countdown of each shape's task (its vocabulary's largest number).
+MAX_NUMBER = {"tiny": 99, "compute": 99, "long": 999}
 
 
-def write_tiny_model(path: str | Path, *, shape: ModelShape = MODEL_SHAPES["tiny"], max_position_embeddings: int = 4096) -> Path:
+def write_tiny_model(path: str | Path, *, shape: ModelShape = MODEL_SHAPES["tiny"], max_position_embeddings: int = 4096,
+                     max_number: int = 99) -> Path:
     """Writes ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
-    ``generation_config.json`` into ``path`` and returns it."""
+    ``generation_config.json`` into ``path`` and returns it (``max_number``: ``vocabulary``'s)."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
 
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
-    vocab = vocabulary()
+    vocab = vocabulary(max_number)
     tokenizer = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = WhitespaceSplit()
     # The reasoning and tool-call markers are added tokens (always matched whole) but not special
