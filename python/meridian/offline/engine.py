@@ -16,6 +16,14 @@ order), ``advance_to`` (the clock) and ``finish`` run the same loop piece by pie
 that decides where each request goes as it arrives (the data-parallel replay,
 ``meridian.replay.dp``: one engine fed that way gives exactly ``run()``'s results).
 
+An optional *arrival gate* (``ArrivalGate``) stands where a server refuses work before its
+engine sees it — vLLM's own load valve (``--max-num-queued-reqs``, ``meridian.replay.policies``)
+or an admission decision at arrival: it is asked once per valid request as the engine adds it,
+with the engine itself to read (the scheduler, the clock, what is in flight), and a refusal
+finishes the request at its arrival without a scheduler ever seeing it. A refusal is recorded as
+a request *refused under load*: a shed whose client hears at once (``Timeline.shed_by`` names the
+gate's reason), counted as missed, never as a failure.
+
 Metrics come from one Meridian core used as a pure observer (no plans), fed the same token
 streams whatever the scheduler, so stock and Meridian runs are measured by one definition
 (DESIGN §4). Invariant: the engine only calls the public scheduler interface, in vLLM's order; it
@@ -44,6 +52,8 @@ BATCH_QUEUE_SIZE = 2
 IDLE_TICK_MS = 1.0
 #: The observer core takes priorities in this range (it only measures; vLLM takes any int).
 _PRIORITY_LIMIT = 2**62
+#: ``Timeline.finish_reason`` of a request an arrival gate refused.
+REFUSED = "refused"
 
 
 def offline_environment(cache_dir: str | Path) -> None:
@@ -362,13 +372,17 @@ class Timeline:
     token_times_ms: array[float] = field(default_factory=lambda: array("d"))
     #: Output tokens (kept only when the engine is told to).
     output_token_ids: list[int] = field(default_factory=list)
-    #: vLLM's finish reason (``stop``, ``length``, ``abort``, ``error``) or ``rejected``.
+    #: vLLM's finish reason (``stop``, ``length``, ``abort``, ``error``), ``rejected`` (no room
+    #: to generate, as vLLM's frontend rejects it) or ``refused`` (an arrival gate refused it).
     finish_reason: str | None = None
     #: vLLM's stop reason of the final output when it is a message (a shed request's starts with
     #: ``SHED_MARKER``).
     stop_reason: str | None = None
     report: FinishedRequest | None = None
     thinking_stopped_by: str | None = None
+    #: The reason an arrival gate gave for refusing the request (e.g. ``valve``); ``None`` when
+    #: no gate refused it. A refused request is shed at its arrival: its notice time is 0.
+    shed_by: str | None = None
 
 
 @dataclass
@@ -381,6 +395,11 @@ class EngineRun:
     clock_ms: float = 0.0
     device_busy_ms: float = 0.0
     num_rejected: int = 0
+    #: Requests an arrival gate refused (shed at arrival; not in ``num_rejected``).
+    num_refused: int = 0
+    #: The most requests added to the scheduler and unfinished at once (a valve's cap at or
+    #: above a run's peak would never have refused anything in it).
+    peak_in_flight: int = 0
     num_answer_preemption_alarms: int = 0
     scheduled_tokens_per_step: list[int] = field(default_factory=list)
     token_budget_per_step: list[int] = field(default_factory=list)
@@ -422,6 +441,11 @@ def one_ms_per_step(_shape: Mapping[str, int]) -> float:
 
 # ---- the engine loop ---------------------------------------------------------------------------
 
+#: Asked as the engine adds a valid request, before any scheduler sees it: ``None`` admits it, a
+#: short reason (e.g. ``"valve"``) refuses it. It may read the engine (``scheduler``,
+#: ``now_ms``, ``num_in_flight``) but must not change it.
+ArrivalGate = Callable[["OfflineEngine", "OfflineRequest"], "str | None"]
+
 
 class OfflineEngine:
     """Runs a scheduler like ``EngineCore`` does; see the module docs."""
@@ -439,6 +463,7 @@ class OfflineEngine:
         progress: Callable[[int], None] | None = None,
         host_load_ms_per_token: float = 0.0,
         after_step: Callable[[Mapping[int, Any], int], None] | None = None,
+        arrival_gate: ArrivalGate | None = None,
     ) -> None:
         from meridian.vllm.convert import step_shape
 
@@ -454,6 +479,8 @@ class OfflineEngine:
         #: scheduled tokens once each step's output is applied and its finished requests recorded:
         #: the soak's invariant checks.
         self.after_step = after_step
+        #: Asked for each valid arriving request whether to refuse it (module docs).
+        self.arrival_gate = arrival_gate
         self._step_shape = step_shape
         self.now_ms = 0.0
         if hasattr(scheduler, "clock_ms"):
@@ -699,6 +726,17 @@ class OfflineEngine:
             self.result.num_rejected += 1
             self.progress(1)
             return
+        refusal = self.arrival_gate(self, offline) if self.arrival_gate is not None else None
+        if refusal is not None:
+            # Refused before the engine sees it, as a server's load valve answers at once: the
+            # client hears at its arrival (notice time 0), whatever step boundary the replay
+            # reached; the observer counts it as a request that met nothing.
+            timeline.report = self.observer.finish(offline.arrival_ms, handle, "abort", [])
+            timeline.finish_reason = REFUSED
+            timeline.shed_by = str(refusal)
+            self.result.num_refused += 1
+            self.progress(1)
+            return
         init_none_hash(sha256)
         extra = {CLASS_ARG: offline.slo_class} if offline.slo_class is not None else None
         params = SamplingParams(max_tokens=offline.max_tokens, temperature=0.0, extra_args=extra)
@@ -716,6 +754,7 @@ class OfflineEngine:
             block_hasher=get_request_block_hasher(self.scheduler.block_size, sha256),
         )
         self._live[offline.req_id] = (offline, timeline, handle)
+        self.result.peak_in_flight = max(self.result.peak_in_flight, len(self._live))
         self.scheduler.add_request(request)
 
     def _observe_preemption(self, req_id: str) -> None:
