@@ -18,7 +18,7 @@ from typing import TypeVar
 from meridian._core import __version__
 from meridian.demo import PARTS as DEMO_PARTS
 from meridian.errors import MeridianError
-from meridian.replay.policies import POLICIES
+from meridian.replay.policies import POLICIES, TUNED_VALVE
 from meridian.replay.runner import DEFAULT_PROFILE
 
 _Number = TypeVar("_Number", int, float)
@@ -135,7 +135,10 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     replay.add_argument("--profile", default=DEFAULT_PROFILE,
                         help=f"hardware/model profile: a bundled name or a JSON file (default {DEFAULT_PROFILE})")
     replay.add_argument("--policies", default=",".join(POLICIES),
-                        help=f"comma-separated policies (default all: {', '.join(POLICIES)})")
+                        help=f"comma-separated policies (default all: {', '.join(POLICIES)}); a valve policy "
+                        "takes an explicit cap as vllm-fcfs+cap=N (default: sized as vLLM's docs advise), and "
+                        f"{TUNED_VALVE} is FCFS behind the valve at the best cap of a grid, searched per load "
+                        "(about ten replays each)")
     replay.add_argument("--config", default=None,
                         help="Meridian config (the `meridian` block) as JSON or @file: classes, targets, knobs")
     replay.add_argument("--seed", type=int, default=0, help="seed of every sampled quantity (default 0)")

@@ -6,20 +6,34 @@ config's ``policy`` key names them (``meridian``, ``answer_first``, ``pascal``, 
 published baselines ``uniboost`` and ``scorpio``). The demo's
 scripted and live parts use the same names. Replaying one builds the scheduler the way
 ``EngineCore`` does, with the profile's KV capacity and batch limits, and runs it through the
-offline engine loop with the profile's step time. Invariant: every policy replays through the
-very same engine loop and observer; only the scheduler differs.
+offline engine loop with the profile's step time.
+
+Stock vLLM also comes behind its own load valve (``vllm-fcfs+cap``, ``vllm-priority+cap``):
+vLLM 0.32's ``--max-num-queued-reqs``, enforced in the API server, answers HTTP 503 (no
+``Retry-After``) to a request that would make more than the cap unfinished. Here it is an arrival
+gate of the engine loop (``LoadValve``). Its cap is by default what vLLM's docs advise
+(``docs_sized_queue_cap``), or given (``vllm-fcfs+cap=96``); ``vllm-fcfs+cap*`` (``TUNED_VALVE``)
+is the valve at the best cap of a grid, searched per workload and load (``queue_cap_grid``,
+``best_queue_cap``) — an oracle no operator has, generous to the baseline.
+
+Invariant: every policy replays through the very same engine loop and observer; only the
+scheduler, and for a valve the arrival gate in front of it, differ.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from meridian._core import Config
-from meridian.offline.engine import EngineRun, EngineSpec, OfflineEngine, OfflineRequest, build_scheduler
+from meridian.offline.engine import (
+    ArrivalGate, EngineRun, EngineSpec, OfflineEngine, OfflineRequest, build_scheduler,
+)
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.vllm.names import CONFIG_KEY, POLICY_NAMES
 
@@ -34,6 +48,28 @@ class PolicySpec:
     meridian_policy: str | None
     #: vLLM's ``--scheduling-policy``.
     vllm_policy: str = "fcfs"
+    #: vLLM's load valve (``--max-num-queued-reqs``) in front of the engine (stock vLLM only).
+    valve: bool = False
+    #: The valve's cap; ``None``: sized for the workload as vLLM's docs advise
+    #: (``docs_sized_queue_cap``).
+    queue_cap: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.queue_cap is not None:
+            check_queue_cap(self.queue_cap)
+            if not self.valve:
+                raise ValueError(f"policy {self.name!r}: a queue cap ({self.queue_cap}) needs the valve")
+        if self.valve and self.meridian_policy is not None:
+            raise ValueError(f"policy {self.name!r}: the load valve is modelled for stock vLLM only")
+
+
+def check_queue_cap(cap: object) -> int:
+    """``cap`` if it is a valve cap (a whole number of requests, at least 1), else a
+    ``ValueError`` naming it (vLLM takes 0, which refuses every request: no baseline)."""
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ValueError(f"queue cap {cap!r}: expected a whole number of requests >= 1 "
+                         "(vLLM's --max-num-queued-reqs)")
+    return cap
 
 
 _MERIDIAN_DESCRIPTIONS = {
@@ -49,19 +85,55 @@ POLICIES: dict[str, PolicySpec] = {
     for p in (
         PolicySpec("vllm-fcfs", "stock vLLM AsyncScheduler, first come first served", None, "fcfs"),
         PolicySpec("vllm-priority", "stock vLLM AsyncScheduler, priority = SLO class rank", None, "priority"),
+        PolicySpec("vllm-fcfs+cap", "stock vLLM FCFS behind its load valve (--max-num-queued-reqs), docs-sized cap",
+                   None, "fcfs", valve=True),
+        PolicySpec("vllm-priority+cap", "stock vLLM priority behind its load valve (--max-num-queued-reqs), "
+                   "docs-sized cap", None, "priority", valve=True),
         *(PolicySpec(name, _MERIDIAN_DESCRIPTIONS[name], name) for name in POLICY_NAMES),
     )
 }
 #: The stock baseline and the product, the two the demo puts side by side.
 STOCK, MERIDIAN = POLICIES["vllm-fcfs"], POLICIES["meridian"]
+#: The valve at the cap of ``queue_cap_grid`` that meets every target for the most requests,
+#: searched per workload and load: not one replay but a search, so not in ``POLICIES``.
+TUNED_VALVE = "vllm-fcfs+cap*"
+#: The valve policy the tuned search runs at each cap of its grid.
+TUNED_VALVE_BASE = "vllm-fcfs+cap"
+
+
+def with_queue_cap(spec: PolicySpec, cap: int) -> PolicySpec:
+    """A valve policy at an explicit cap, named ``<policy>=<cap>`` (e.g. ``vllm-fcfs+cap=96``)."""
+    if not spec.valve:
+        raise ValueError(f"policy {spec.name!r} has no load valve to cap (valve policies: "
+                         f"{', '.join(n for n, p in POLICIES.items() if p.valve)})")
+    base = spec.name.partition("=")[0]
+    return dataclasses.replace(spec, name=f"{base}={check_queue_cap(cap)}", queue_cap=cap)
 
 
 def policy_spec(name: str) -> PolicySpec:
-    """The policy called ``name``, or a ``ValueError`` listing the known ones."""
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    """The policy called ``name`` — one of ``POLICIES``, or a valve policy at an explicit cap
+    (``vllm-fcfs+cap=96``) — or a ``ValueError`` naming what is wrong."""
+    spec = POLICIES.get(name)
+    if spec is not None:
+        return spec
+    base, eq, cap_text = name.partition("=")
+    if eq and base in POLICIES and POLICIES[base].valve:
+        try:
+            return with_queue_cap(POLICIES[base], int(cap_text))
+        except ValueError:
+            raise ValueError(f"policy {name!r}: queue cap {cap_text!r}: expected a whole number of requests >= 1 "
+                             "(vLLM's --max-num-queued-reqs)") from None
+    if name == TUNED_VALVE:
+        raise ValueError(f"{TUNED_VALVE!r} is a search over valve caps, not one policy: replay it with "
+                         "meridian replay, the corpus or bench/replay_ab.py")
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, {TUNED_VALVE} (the tuned valve), "
+                     "or a valve policy at an explicit cap such as vllm-fcfs+cap=96")
+
+
+def check_policy_name(name: str) -> None:
+    """Raises ``ValueError`` unless ``name`` is a policy or ``TUNED_VALVE`` (what a replay takes)."""
+    if name != TUNED_VALVE:
+        policy_spec(name)
 
 
 def scheduler_class(spec: PolicySpec) -> type[Any]:
@@ -153,12 +225,158 @@ def engine_spec(spec: PolicySpec, profile: Profile, meridian_config: dict[str, A
     )
 
 
+# ---- vLLM's load valve -------------------------------------------------------------------------
+
+#: The reason a valve refusal is recorded under (``Timeline.shed_by``).
+VALVE = "valve"
+#: Factors of the seats the KV cache holds (``effective_seats``) that the tuned valve tries.
+TUNED_CAP_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
+
+
+@dataclass(frozen=True)
+class LoadValve:
+    """vLLM's ``--max-num-queued-reqs`` as an arrival gate: refuses a request when admitting it
+    would make more than ``cap`` requests unfinished (added to the engine, not yet finished), as
+    ``AsyncLLM.check_admission`` does in the API server (a request counts from when the server
+    accepts it to its final output)."""
+
+    cap: int
+
+    def __post_init__(self) -> None:
+        check_queue_cap(self.cap)
+
+    def __call__(self, engine: OfflineEngine, request: OfflineRequest) -> str | None:
+        return VALVE if engine.num_in_flight + 1 > self.cap else None
+
+
+def chain_gates(*gates: ArrivalGate | None) -> ArrivalGate | None:
+    """One gate asking each of ``gates`` in order; the first refusal wins (``None``: no gate)."""
+    present = [g for g in gates if g is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def gate(engine: OfflineEngine, request: OfflineRequest) -> str | None:
+        for g in present:
+            reason = g(engine, request)
+            if reason is not None:
+                return reason
+        return None
+
+    return gate
+
+
+@dataclass(frozen=True)
+class WorkloadMeans:
+    """What an operator knows of a workload to size a valve: mean prompt and output tokens per
+    request and the tightest TTFT target among its classes."""
+
+    prompt_tokens: float
+    output_tokens: float
+    min_ttft_target_ms: float
+
+    @classmethod
+    def of(cls, requests: Sequence[OfflineRequest], meridian_config: Mapping[str, Any]) -> WorkloadMeans:
+        """Means over the requests the engine would admit (``max_tokens`` >= 1), their output
+        being ``max_tokens`` (the replay's scripted output length: thinking, answer, markers)."""
+        valid = [r for r in requests if r.max_tokens >= 1]
+        if not valid:
+            raise ValueError("sizing a valve needs at least one request with room to generate")
+        config = Config.from_json(json.dumps(dict(meridian_config)))
+        known = set(config.class_names)
+        classes = {r.slo_class if r.slo_class in known else config.default_class for r in valid}
+        ttfts = [float(t) for name in classes if (t := config.class_targets(name).get("ttft_ms")) is not None]
+        if not ttfts:
+            raise ValueError(f"sizing a valve needs a TTFT target; classes {sorted(classes)} have none")
+        return cls(
+            prompt_tokens=sum(len(r.prompt_token_ids) for r in valid) / len(valid),
+            output_tokens=sum(r.max_tokens for r in valid) / len(valid),
+            min_ttft_target_ms=min(ttfts),
+        )
+
+
+def valve_capacity_rps(profile: Profile, means: WorkloadMeans) -> float:
+    """Requests per second the engine completes, estimated the way an operator can without
+    running anything: a full batch (``max_num_seqs``) decodes, each request needing its mean
+    output in decode steps of a full batch (context: every seat at its prompt plus half its
+    output, at most the KV capacity), plus its prompt's prefill at the per-token cost of a full
+    prefill chunk. The prefill term is added to the decode-only estimate because on these
+    workloads it is not small: Mooncake's ~15k-token prompts cost several times a request's
+    share of the decode steps."""
+    seats = profile.max_num_seqs
+    context = min(profile.kv_capacity_tokens, round(seats * (means.prompt_tokens + means.output_tokens / 2)))
+    decode_step_ms = profile.step_time_ms(StepBatch(0, seats, context))
+    chunk = profile.max_num_batched_tokens
+    prefill_ms_per_token = profile.step_time_ms(StepBatch(chunk, 0, chunk)) / chunk
+    engine_ms_per_request = means.output_tokens * decode_step_ms / seats + means.prompt_tokens * prefill_ms_per_token
+    return 1000.0 / engine_ms_per_request
+
+
+def docs_sized_queue_cap(*, max_num_seqs: int, capacity_rps: float, min_ttft_target_ms: float) -> int:
+    """The valve's cap as vLLM's docs advise (``SchedulerConfig.max_num_queued_reqs``: "roughly
+    data_parallel_size * max_num_seqs plus the desired queue depth"), one engine: every seat
+    plus the queue that drains within the tightest TTFT target at the engine's capacity
+    (Little's law), ``max_num_seqs + ceil(capacity_rps * min_ttft_target_s)``."""
+    if isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1:
+        raise ValueError(f"sizing a valve: max_num_seqs {max_num_seqs!r} must be a whole number >= 1")
+    if not (math.isfinite(capacity_rps) and capacity_rps > 0):
+        raise ValueError(f"sizing a valve: capacity {capacity_rps!r} req/s must be a positive number")
+    if not (math.isfinite(min_ttft_target_ms) and min_ttft_target_ms > 0):
+        raise ValueError(f"sizing a valve: TTFT target {min_ttft_target_ms!r} ms must be a positive number")
+    return max_num_seqs + math.ceil(capacity_rps * min_ttft_target_ms / 1000.0)
+
+
+def queue_cap_for(spec: PolicySpec, requests: Sequence[OfflineRequest], profile: Profile,
+                  meridian_config: Mapping[str, Any]) -> int | None:
+    """The cap a policy's valve runs with on this workload: its own, else docs-sized
+    (``docs_sized_queue_cap`` of ``valve_capacity_rps``); ``None`` for a policy without a valve."""
+    if not spec.valve:
+        return None
+    if spec.queue_cap is not None:
+        return spec.queue_cap
+    means = WorkloadMeans.of(requests, meridian_config)
+    return docs_sized_queue_cap(max_num_seqs=profile.max_num_seqs, capacity_rps=valve_capacity_rps(profile, means),
+                                min_ttft_target_ms=means.min_ttft_target_ms)
+
+
+def effective_seats(profile: Profile, means: WorkloadMeans) -> int:
+    """The requests that decode at once when the engine is full: ``max_num_seqs``, or fewer
+    when the KV cache holds fewer requests at their mean mid-life size (prompt plus half the
+    output). On the bundled profiles (1,024 seats) the KV cache is what binds."""
+    per_request = max(means.prompt_tokens + means.output_tokens / 2, 1.0)
+    return max(1, min(profile.max_num_seqs, int(profile.kv_capacity_tokens // per_request)))
+
+
+def queue_cap_grid(seats: int, never_binds_at: int | None = None,
+                   factors: Sequence[float] = TUNED_CAP_FACTORS) -> list[int]:
+    """The caps the tuned valve tries: ``seats`` (``effective_seats``) × each factor, rounded,
+    at least 1, ascending. Caps at or above ``never_binds_at`` (a run's ``peak_in_flight``
+    without a valve, or the number of requests) never refuse anything there and give the run
+    without a valve: only the smallest of them is kept."""
+    if isinstance(seats, bool) or not isinstance(seats, int) or seats < 1:
+        raise ValueError(f"a cap grid needs seats >= 1, got {seats!r}")
+    caps = sorted({max(1, round(seats * f)) for f in factors})
+    if never_binds_at is not None:
+        inert = [c for c in caps if c >= never_binds_at]
+        caps = [c for c in caps if c < never_binds_at] + inert[:1]
+    return caps
+
+
+def best_queue_cap(good_by_cap: Mapping[int, int]) -> int:
+    """The cap whose run met every target for the most requests (on a tie the largest cap, the
+    one that refuses the fewest)."""
+    if not good_by_cap:
+        raise ValueError("no caps to choose from")
+    return max(good_by_cap, key=lambda cap: (good_by_cap[cap], cap))
+
+
 @dataclass
 class ReplayResult:
     """One policy's replay."""
 
     policy: str
     run: EngineRun
+    #: The valve's cap (``None``: no valve).
+    queue_cap: int | None = None
 
 
 def replay_engine(
@@ -173,10 +391,14 @@ def replay_engine(
     engine_cls: type[OfflineEngine] = OfflineEngine,
     batch_queue_size: int | None = None,
     host_tier: HostTier | None = None,
+    arrival_gate: ArrivalGate | None = None,
 ) -> OfflineEngine:
     """The engine that replays ``requests`` under one policy on ``profile``, ready to run.
     ``scheduler_cls`` replaces the policy's scheduler class (a subclass of it, say), and
-    ``engine_cls`` the engine loop's class."""
+    ``engine_cls`` the engine loop's class. ``arrival_gate`` is asked for each arriving request
+    (after the policy's own valve, if it has one) whether to refuse it."""
+    cap = queue_cap_for(spec, requests, profile, meridian_config)
+    gate = chain_gates(LoadValve(cap) if cap is not None else None, arrival_gate)
     scheduler = build_scheduler(
         scheduler_cls or scheduler_class(spec), engine_spec(spec, profile, meridian_config, model_dir, host_tier)
     )
@@ -189,9 +411,11 @@ def replay_engine(
         keep_output_tokens=False,
         progress=progress,
         host_load_ms_per_token=host_tier.load_ms_per_token if host_tier is not None else 0.0,
+        arrival_gate=gate,
     )
 
 
 def replay_policy(spec: PolicySpec, requests: Sequence[OfflineRequest], profile: Profile, **options: Any) -> ReplayResult:
     """Replays ``requests`` under one policy on ``profile`` (``options``: ``replay_engine``'s)."""
-    return ReplayResult(spec.name, replay_engine(spec, requests, profile, **options).run())
+    run = replay_engine(spec, requests, profile, **options).run()
+    return ReplayResult(spec.name, run, queue_cap_for(spec, requests, profile, options["meridian_config"]))

@@ -5,7 +5,10 @@ It owns the reduction from per-request reports (the observer core's ledgers, one
 every policy) to the numbers an operator compares: latency percentiles, goodput against each
 request's class targets, throughput, stalls and preemptions by phase, per class and overall.
 Invariant: every number is computed from the same requests for every policy — a request that did
-not complete counts as submitted and not good, never silently dropped.
+not complete counts as submitted and not good, never silently dropped. A shed request — ended
+early by the scheduler's triage (its stop reason carries ``SHED_MARKER``) or refused at arrival
+by an arrival gate such as vLLM's load valve (``Timeline.shed_by``, notice time 0) — is a missed
+request, counted in ``shed`` (and by who shed it in ``shed_by``), never a failure.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         policy=result.policy,
         duration_s=duration_s,
         num_steps=run.num_steps,
+        peak_in_flight=run.peak_in_flight,
+        queue_cap=result.queue_cap,
         device_utilization=run.device_busy_ms / max(run.clock_ms, 1e-9),
         answer_preemption_alarms=run.num_answer_preemption_alarms,
         kv_tier={"loads": run.num_tier_loads, "loaded_tokens": run.num_tier_loaded_tokens,
@@ -81,9 +86,22 @@ def first_minute(timelines: Sequence[Timeline]) -> dict[str, Any]:
     return {"submitted": len(cohort), "good": good, "attainment": good / len(cohort)}
 
 
+#: ``shed_by`` key of the requests the scheduler itself shed (Meridian's triage).
+SHED_BY_SCHEDULER = "scheduler"
+
+
 def is_shed(t: Timeline) -> bool:
-    """Whether the scheduler ended the request early by triage (its stop reason says so)."""
-    return t.stop_reason is not None and t.stop_reason.startswith(SHED_MARKER)
+    """Whether the request was shed: ended early by the scheduler's triage (its stop reason says
+    so) or refused at arrival by an arrival gate (vLLM's load valve, say)."""
+    return t.shed_by is not None or (t.stop_reason is not None and t.stop_reason.startswith(SHED_MARKER))
+
+
+def shed_by(t: Timeline) -> str | None:
+    """Who shed the request: the arrival gate's reason (e.g. ``valve``), ``SHED_BY_SCHEDULER`` for
+    the scheduler's triage, ``None`` when it was not shed."""
+    if t.shed_by is not None:
+        return t.shed_by
+    return SHED_BY_SCHEDULER if is_shed(t) else None
 
 
 def shed_reason(t: Timeline) -> str | None:
@@ -112,6 +130,9 @@ def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[s
         throughput_tok_s=num_tokens / duration_s,
         stalls=sum(r.num_stalls for r in reports),
         shed=sum(1 for t in timelines if is_shed(t)),
+        # Of those, who shed them (arrival-gate refusals under their reason, e.g. "valve").
+        shed_by=_count_by(shed_by(t) for t in timelines),
+        refused=sum(1 for t in timelines if t.shed_by is not None),
         # How long a shed request's client waited to learn its fate (arrival to the abort).
         shed_notice_ms=percentile_summary([t.report.e2e_ms for t in shed if t.report and t.report.e2e_ms is not None]),
         # The same, by the target the request was shed for (a TTFAT shed is judged while the
@@ -129,6 +150,14 @@ def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[s
         },
     )
     return out
+
+
+def _count_by(keys: Iterable[str | None]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for key in keys:
+        if key is not None:
+            counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 @dataclass
@@ -194,7 +223,7 @@ def table(summaries: Sequence[dict[str, Any]], baseline: str | None = "vllm-fcfs
     if shed:
         lines.append(
             "shed (ended early with a notice, counted as missed): "
-            + ", ".join(f"{s['policy']} {s['shed']} of {s['submitted']} requests, notice p50 "
+            + ", ".join(f"{s['policy']} {s['shed']} of {s['submitted']} requests{_refusals(s)}, notice p50 "
                         f"{_fmt((s.get('shed_notice_ms') or {}).get('p50'), 1000)} s" for s in shed)
         )
     stopped = [s for s in summaries if s.get("thinking_stops")]
@@ -204,6 +233,15 @@ def table(summaries: Sequence[dict[str, Any]], baseline: str | None = "vllm-fcfs
             + ", ".join(f"{s['policy']} {s['thinking_stops']} requests ({s['thinking_tokens']:,} thinking tokens)" for s in stopped)
         )
     return "\n".join(lines)
+
+
+def _refusals(s: dict[str, Any]) -> str:
+    """`` (N refused at arrival by valve, cap C)`` for a policy whose arrival gate refused some."""
+    gates = {k: v for k, v in (s.get("shed_by") or {}).items() if k != SHED_BY_SCHEDULER}
+    if not gates:
+        return ""
+    cap = f", cap {s['queue_cap']}" if s.get("queue_cap") is not None else ""
+    return " (" + ", ".join(f"{n} refused at arrival by {k}" for k, n in gates.items()) + cap + ")"
 
 
 # ---- files -------------------------------------------------------------------------------------

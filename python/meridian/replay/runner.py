@@ -3,8 +3,9 @@ write the table, the JSON file and the plots.
 
 It owns the workload pipeline (load → window → reasoning lengths → classes → rate scale → limit,
 in that order, each step seeded and stated in the report), the fan-out of (load, policy) runs
-over worker processes, and the progress bar. Invariant: every policy at a given load replays the
-very same request list, on the same profile and with the same class targets.
+over worker processes, and the progress bar. The tuned valve (``TUNED_VALVE``) fans out into one
+run per cap of its grid at each load and reports the best. Invariant: every policy at a given load
+replays the very same request list, on the same profile and with the same class targets.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from typing import Any
 from meridian._core import Config
 from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
-from meridian.replay.policies import POLICIES, HostTier, policy_spec, replay_policy
+from meridian.replay.policies import (
+    POLICIES, TUNED_VALVE, TUNED_VALVE_BASE, HostTier, WorkloadMeans, best_queue_cap, check_policy_name,
+    effective_seats, policy_spec, queue_cap_grid, replay_policy, with_queue_cap,
+)
 from meridian.replay.profiles import Profile
 from meridian.replay.report import PolicyRun, plot_cdfs, plot_load_sweep, policy_run, table, write_json
 from meridian.replay.workload import model_dir_for, offline_requests
@@ -75,8 +79,10 @@ class ReplayOptions:
 
 #: The demo's replay part: a 25-second window of the bundled excerpt at 8 % of its arrival rate
 #: (enough load for queues to form: stock FCFS meets about two thirds of its targets), every
-#: policy; about 75 s of replay on two cores, under two minutes with vLLM's import.
-DEMO_OPTIONS = ReplayOptions(duration_s=25.0, rate_scales=(0.08,), progress=False)
+#: scheduler (vLLM's load valve left out: the demo's timing and text were set without it);
+#: about 75 s of replay on two cores, under two minutes with vLLM's import.
+DEMO_OPTIONS = ReplayOptions(duration_s=25.0, rate_scales=(0.08,), progress=False,
+                             policies=tuple(name for name, spec in POLICIES.items() if not spec.valve))
 
 
 @dataclass
@@ -197,7 +203,7 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     """Replays every policy at every rate scale; see the module docs."""
     offline_environment(options.cache_dir)
     for name in options.policies:
-        policy_spec(name)  # fail on a typo before any work
+        check_policy_name(name)  # fail on a typo before any work
     profile = Profile.load(options.profile)
     host_tier = HostTier.of(profile, options.host_tier_gib)  # fails on a profile without a host link
     requests, workload = build_workload(options)
@@ -205,7 +211,10 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     workload["rate_scales"] = list(options.rate_scales)
     workload["host_tier"] = None if host_tier is None else {
         "gib": options.host_tier_gib, "num_blocks": host_tier.num_blocks, "load_ms_per_token": host_tier.load_ms_per_token}
-    jobs = [(policy, scale) for scale in options.rate_scales for policy in options.policies]
+    tuned_caps = tuned_valve_caps(requests, profile, options.meridian_config) if TUNED_VALVE in options.policies else []
+    jobs = [(name, scale) for scale in options.rate_scales for policy in options.policies
+            for name in ([with_queue_cap(POLICIES[TUNED_VALVE_BASE], c).name for c in tuned_caps]
+                         if policy == TUNED_VALVE else [policy])]
     total = len(jobs) * len(requests)
     bar = _progress_bar(total, options.progress)
     num_workers = min(len(jobs), options.jobs or (os.cpu_count() or 1))
@@ -219,7 +228,37 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
             runs = _run_parallel(jobs, requests, profile, host_tier, options, num_workers, bar.update)
     finally:
         bar.close()
+    if tuned_caps:
+        runs = _pick_tuned(runs, options, tuned_caps)
     return ReplayReport(workload=workload, profile=profile, runs=runs)
+
+
+def tuned_valve_caps(requests: Sequence[traces.TraceRequest], profile: Profile,
+                     meridian_config: dict[str, Any]) -> list[int]:
+    """The caps the tuned valve tries on this workload (``queue_cap_grid`` around the seats its
+    KV cache holds; caps at or above the number of requests never bind, one of them is kept)."""
+    offline = offline_requests(list(requests), profile, Config.from_json(json.dumps(meridian_config)))
+    seats = effective_seats(profile, WorkloadMeans.of(offline, meridian_config))
+    return queue_cap_grid(seats, never_binds_at=max(len(requests), 1))
+
+
+def _pick_tuned(runs: list[PolicyRun], options: ReplayOptions, caps: Sequence[int]) -> list[PolicyRun]:
+    """The runs in ``options.policies`` order per load, the tuned valve's grid folded into one
+    run per load: the cap that met every target for the most requests (``best_queue_cap``)."""
+    grid_names = {with_queue_cap(POLICIES[TUNED_VALVE_BASE], c).name: c for c in caps}
+    out: list[PolicyRun] = []
+    for scale in options.rate_scales:
+        at_scale = [r for r in runs if r.rate_scale == scale]
+        grid = {grid_names[r.policy]: r for r in at_scale if r.policy in grid_names}
+        for policy in options.policies:
+            if policy == TUNED_VALVE:
+                best = grid[best_queue_cap({cap: int(r.summary["good"]) for cap, r in grid.items()})]
+                summary = {**best.summary, "policy": TUNED_VALVE,
+                           "tuned_queue_caps": {str(cap): int(r.summary["good"]) for cap, r in sorted(grid.items())}}
+                out.append(dataclasses.replace(best, policy=TUNED_VALVE, summary=summary))
+            else:
+                out += [r for r in at_scale if r.policy == policy][:1]
+    return out
 
 
 def _run_parallel(

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from meridian._core import Config, Meridian
-from meridian.offline.engine import OfflineEngine, offline_environment
+from meridian.offline.engine import REFUSED, OfflineEngine, offline_environment
 from meridian.replay import reasoning, traces
 from meridian.replay.policies import policy_spec, replay_engine
 from meridian.replay.profiles import Profile
@@ -232,9 +232,13 @@ class _Checker:
         the engine's per-request records dropped (they are the run's, not the scheduler's)."""
         report, engine = self.report, self.engine
         run = engine.result
-        rejected = [t.req_id for t in run.timelines.values() if t.finish_reason == "rejected"]
-        report.finish_reasons["rejected"] += len(rejected)
-        self.ended.update(rejected)
+        # Requests that never reached the scheduler end on arrival: rejected (no room to
+        # generate) or refused by an arrival gate (a load valve).
+        for reason in ("rejected", REFUSED):
+            ended = [t.req_id for t in run.timelines.values() if t.finish_reason == reason]
+            if ended or reason == "rejected":
+                report.finish_reasons[reason] += len(ended)
+            self.ended.update(ended)
         missing = self.submitted - self.ended
         if missing:
             report.violation(f"{len(missing)} requests never ended, e.g. {sorted(missing)[:3]}")
