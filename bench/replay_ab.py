@@ -13,7 +13,10 @@ targets: the replay's defaults, ``python/meridian/replay/data/reasoning_classes.
 
 For each workload the script replays stock FCFS over a grid of rate scales and two refinements
 of the bracket around 50 % attainment, picks the probed scale closest to 50 %, then replays every
-policy there and prints the table and the targets' verdicts. A second point (``--second-point``,
+policy there and prints the table and the targets' verdicts. The policies include vLLM's own load
+valve (``--max-num-queued-reqs``) in front of stock vLLM, at the cap vLLM's docs advise
+(``vllm-fcfs+cap``, ``vllm-priority+cap``) and at the best cap of a grid searched at that load
+(``vllm-fcfs+cap*``: an oracle, generous to the baseline). A second point (``--second-point``,
 on by default): the scale where FCFS attains about 70 % (the same search), FCFS and Meridian
 there, and Meridian's TTFAT p50 against the unloaded TTFAT p50 — Meridian replayed at 1 % of that
 rate on the first ``UNLOADED_REQUESTS`` requests (alone on the engine, each runs as if the server
@@ -36,7 +39,7 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-from meridian.replay.policies import POLICIES  # noqa: E402
+from meridian.replay.policies import POLICIES, TUNED_VALVE  # noqa: E402
 from meridian.replay.report import table  # noqa: E402
 from meridian.replay.runner import DEFAULT_TRACES, ReplayOptions, run_replay  # noqa: E402
 
@@ -191,6 +194,7 @@ def verdicts(summaries: dict[str, dict]) -> list[str]:
         f"throughput vs FCFS       {t_fcfs:5.3f}×  (target ≥ 0.99) {'met' if t_fcfs >= 0.99 else 'MISSED'}",
         f"answer-phase stalls      {ours['stalls']:5d}   (target 0)      {'met' if ours['stalls'] == 0 else 'MISSED'}",
         f"goodput vs best baseline {g_best:5.2f}×  ({best_other['policy']}; target ≥ 1.2) {'met' if g_best >= 1.2 else 'MISSED'}",
+        *_against_scorpio_and_valve(summaries),
         f"goodput vs best baseline whose tails stay within FCFS's "
         f"{ratio(ours['goodput_rps'], best_keeping_tails['goodput_rps']):5.2f}×  ({best_keeping_tails['policy']}; "
         f"baselines that keep them: {', '.join(s['policy'] for s in keeping_tails) or 'none'})",
@@ -204,6 +208,19 @@ def verdicts(summaries: dict[str, dict]) -> list[str]:
             lines.append(f"{name:<12} {metric[:-3]:>5} p99 {got / 1e3 if got else float('nan'):7.1f} s vs FCFS "
                          f"{ref / 1e3 if ref else float('nan'):7.1f} s  {'met' if ok else 'MISSED'}")
     return lines
+
+
+def _against_scorpio_and_valve(summaries: dict[str, dict]) -> list[str]:
+    """Requests meeting every target, Meridian's over the better of SCORPIO and the tuned valve
+    (when both ran), with the cap the valve's search picked."""
+    if not {"meridian", "scorpio", TUNED_VALVE} <= set(summaries):
+        return []
+    ours, scorpio, valve = summaries["meridian"], summaries["scorpio"], summaries[TUNED_VALVE]
+    best = max((scorpio, valve), key=lambda s: s["good"])
+    ratio = ours["good"] / best["good"] if best["good"] else math.inf
+    return [f"good vs best of SCORPIO and the tuned valve {ratio:5.2f}×  ({ours['good']} vs {best['policy']} "
+            f"{best['good']}; SCORPIO {scorpio['good']}, valve {valve['good']} at cap {valve.get('queue_cap')}, "
+            f"{valve.get('refused', 0)} refused)"]
 
 
 def render(results: dict[str, dict]) -> int:
@@ -228,7 +245,8 @@ def main() -> int:
     parser.add_argument("--workloads", nargs="+", default=None, help="azure, mooncake (default: all available)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--policies", nargs="+", default=list(POLICIES), help="policies to replay (default: all)")
+    parser.add_argument("--policies", nargs="+", default=[*POLICIES, TUNED_VALVE],
+                        help=f"policies to replay (default: all, and {TUNED_VALVE}, the valve at its best cap)")
     parser.add_argument("--probes-from", type=Path, default=None,
                         help="an earlier run's JSON: start each FCFS search from its probes (the same "
                              "workload and seed replay identically in virtual time)")

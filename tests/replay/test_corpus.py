@@ -1,13 +1,15 @@
 """The scenario corpus: ServeGen-shaped arrivals (hypothesis over spans, counts and seeds), scenario
 building (deterministic, normalised, every request classed and split), the load search, the
 report's ratios, geometric means, worst scenarios and leave-one-family-out against hand-worked
-numbers, and one real replay of a tiny scenario through FCFS and Meridian."""
+numbers, one real replay of a tiny scenario through FCFS and Meridian, and vLLM's load valve as
+columns (its cap in the job's key, the tuned valve's pick over its grid, a tiny scenario behind it)."""
 
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -183,3 +185,90 @@ def test_a_tiny_scenario_replays_through_fcfs_and_meridian(tmp_path: Path) -> No
     # Cached: the same jobs give the same numbers without replaying.
     again = C.Corpus(cache_dir=tmp_path, jobs=1)
     assert again.run(jobs) == [fcfs, meridian]
+
+
+# ---- vLLM's load valve as columns ---------------------------------------------------------------
+
+
+class StubCorpus:
+    """Answers every job from ``good(job)`` without replaying, noting the jobs it was given."""
+
+    def __init__(self, good: Any) -> None:
+        self.good = good
+        self.jobs: list[C.Job] = []
+
+    def run(self, jobs: list[C.Job]) -> list[dict[str, Any]]:
+        self.jobs += jobs
+        return [{"good": self.good(j), "attainment": self.good(j) / 100, "queue_cap": j.queue_cap} for j in jobs]
+
+
+def scenario_x() -> C.Scenario:
+    return C.Scenario("x", "azure-code", 0.0, "trace", 0.0, "servegen", "fixed:standard", "default", "h200-qwen3-8b",
+                      100, 0)
+
+
+def test_a_valve_job_is_keyed_by_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(C, "docs_queue_cap", lambda s, config_json: 77)
+    s = scenario_x()
+    docs = C.Job.of(s, 1.0, "vllm-fcfs+cap")
+    assert docs.queue_cap == 77 and docs.policy == "vllm-fcfs+cap"
+    assert docs.key("b") == C.Job.of(s, 1.0, "vllm-fcfs+cap=77").key("b") == C.Job.of(s, 1.0, "vllm-fcfs+cap", queue_cap=77).key("b")
+    keys = {C.Job.of(s, 1.0, "vllm-fcfs+cap", queue_cap=c).key("b") for c in (5, 6, 77)}
+    assert len(keys) == 3, "the cap is part of the key"
+    assert C.Job.of(s, 1.0, "vllm-fcfs").key("b") not in keys and C.Job.of(s, 1.0, "vllm-fcfs").queue_cap is None
+    assert C.Job.of(s, 1.0, "vllm-priority+cap").key("b") != docs.key("b")
+    with pytest.raises(ValueError, match="queue cap '0'"):
+        C.Job.of(s, 1.0, "vllm-fcfs+cap=0")
+    with pytest.raises(ValueError, match="has no load valve"):
+        C.Job.of(s, 1.0, "vllm-fcfs", queue_cap=5)
+
+
+def test_the_tuned_valve_column_keeps_its_best_cap_and_replays_no_cap_that_never_binds(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from meridian.replay.policies import TUNED_VALVE, queue_cap_grid
+
+    monkeypatch.setattr(C, "scenario_cap_grid",
+                        lambda s, never_binds_at=None: queue_cap_grid(10, never_binds_at or s.num_requests))
+    s = scenario_x()
+    (tuned,) = [c for c in C.columns([TUNED_VALVE]) if c.tuned]
+    assert tuned.label == TUNED_VALVE and tuned.policy == "vllm-fcfs+cap"
+    # Grid around 10 seats: 5, 8, 10, 12, 15, 20, 30, ...; FCFS peaked at 20 unfinished there.
+    fcfs = {"good": 40, "attainment": 0.4, "peak_in_flight": 20}
+    stub = StubCorpus(lambda job: {5: 30, 8: 52, 10: 52, 12: 45, 15: 41}[job.queue_cap])
+    (result,) = C.evaluate(stub, [(tuned, s, 2.0)], {("x", 2.0): fcfs})
+    assert sorted(j.queue_cap for j in stub.jobs) == [5, 8, 10, 12, 15], "cap 20 refuses nothing: FCFS's result"
+    assert all(j.policy == "vllm-fcfs+cap" and j.rate == 2.0 for j in stub.jobs)
+    assert result["tuned_queue_caps"] == {"5": 30, "8": 52, "10": 52, "12": 45, "15": 41, "20": 40}
+    assert result["queue_cap"] == 10 and result["good"] == 52, "the most good, the larger cap on a tie"
+    # Where no cap beats FCFS the tuned valve is FCFS itself (at a cap that never binds).
+    stub = StubCorpus(lambda job: 10)
+    (result,) = C.evaluate(stub, [(tuned, s, 2.0)], {("x", 2.0): fcfs})
+    assert result["queue_cap"] == 20 and result["good"] == 40 and result["peak_in_flight"] == 20
+    # Without FCFS's run there (the capacity search) every cap below the request count is replayed.
+    stub = StubCorpus(lambda job: job.queue_cap)
+    (result,) = C.evaluate(stub, [(tuned, s, 3.0)])
+    assert [j.queue_cap for j in stub.jobs] == queue_cap_grid(10, 100) == [5, 8, 10, 12, 15, 20, 30, 40, 60, 80, 120]
+    assert result["queue_cap"] == 120
+
+
+@needs_traces
+@pytest.mark.vllm
+def test_a_tiny_scenario_replays_behind_the_valve(tmp_path: Path) -> None:
+    from meridian.replay.policies import TUNED_VALVE
+
+    scenario = C.make_corpus(1, seed=0, request_scale=0.02, families=["mooncake"])[0]
+    corpus = C.Corpus(cache_dir=tmp_path, jobs=1)
+    cols = C.columns(["vllm-fcfs+cap=2", "vllm-fcfs+cap", TUNED_VALVE])
+    report = C.run_corpus(corpus, [scenario], cols, points=(0.5,), known_loads={scenario.name: {0.5: (3.0, 0.5)}})
+    fcfs = report.results[(scenario.name, 0.5, "vllm-fcfs")]
+    capped = report.results[(scenario.name, 0.5, "vllm-fcfs+cap=2")]
+    assert fcfs["refused"] == 0 and fcfs["peak_in_flight"] > 2
+    assert capped["queue_cap"] == 2 and capped["refused"] > 0 and capped["shed"] == capped["refused"]
+    assert capped["shed_by"] == {"valve": capped["refused"]}
+    assert capped["good"] + capped["refused"] <= capped["submitted"]
+    docs = report.results[(scenario.name, 0.5, "vllm-fcfs+cap")]
+    assert docs["queue_cap"] > 1024 and docs["refused"] == 0, "1,024 seats: the docs' cap never binds on 12 requests"
+    tuned = report.results[(scenario.name, 0.5, TUNED_VALVE)]
+    assert tuned["good"] == max(tuned["tuned_queue_caps"].values()) >= fcfs["good"]
+    text = C.render(report)
+    assert "vLLM's load valve" in text and f"| 50% | {scenario.name} | {fcfs['peak_in_flight']} |" in text

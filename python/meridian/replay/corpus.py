@@ -10,13 +10,17 @@ mix and a target set pick each request's SLO class and what it must meet. Arriva
 to one request per second, so a load is a rate in requests per second. Each scenario is replayed
 at three loads — where stock vLLM FCFS meets about 90 %, 70 % and 50 % of the requests (found by
 search, ``calibrate``) — under every policy; capacity is DistServe's goodput, the highest rate at
-which 80 % of the requests meet every target of their class (``capacities``).
+which 80 % of the requests meet every target of their class (``capacities``). vLLM's load valve
+comes as columns too: at its docs-sized cap (``vllm-fcfs+cap``, ``vllm-priority+cap``) and tuned
+(``vllm-fcfs+cap*``: at every scenario and rate, the cap of ``queue_cap_grid`` that meets every
+target for the most requests; caps at or above FCFS's peak of unfinished requests there refuse
+nothing and take FCFS's result without a replay).
 
 Invariants: a scenario's requests depend only on its fields (same fields, same requests, whatever
 the policy or the process); every policy at a load replays the very same requests; a result is
 cached under a key of everything that determines it (the scenario, the rate, the policy, its
-``meridian`` config and, for the policies that run the core, the core's build), so a cached
-number is always the number a fresh run gives.
+``meridian`` config, a valve's cap and, for the policies that run the core, the core's build), so
+a cached number is always the number a fresh run gives.
 """
 
 from __future__ import annotations
@@ -39,7 +43,10 @@ from meridian.errors import TraceError
 from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
 from meridian.replay.arrivals import ServeGenArrivals, retime
-from meridian.replay.policies import POLICIES, policy_spec, replay_policy
+from meridian.replay.policies import (
+    TUNED_VALVE, TUNED_VALVE_BASE, WorkloadMeans, best_queue_cap, effective_seats, policy_spec, queue_cap_for,
+    queue_cap_grid, replay_policy, with_queue_cap,
+)
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.replay.report import policy_run
 from meridian.replay.workload import model_dir_for, offline_requests
@@ -268,30 +275,47 @@ def scenario_config(s: Scenario, overrides: Mapping[str, Any] | None = None) -> 
 @dataclass(frozen=True)
 class Job:
     """One replay: a scenario at a rate (requests per second) under a policy, with a variant of
-    Meridian's knobs (``overrides``) for the policies that run the core."""
+    Meridian's knobs (``overrides``) for the policies that run the core, and for a policy behind
+    vLLM's load valve the cap it runs with (resolved when the job is made: the docs-sized cap of
+    the scenario unless one is given)."""
 
     scenario: Scenario
     rate: float
     policy: str
     variant: str = "default"
     overrides: tuple[tuple[str, str], ...] = ()  # (key, JSON value), sorted
+    queue_cap: int | None = None
 
     @staticmethod
     def of(scenario: Scenario, rate: float, policy: str, variant: str = "default",
-           overrides: Mapping[str, Any] | None = None) -> Job:
-        policy_spec(policy)
+           overrides: Mapping[str, Any] | None = None, queue_cap: int | None = None) -> Job:
+        spec = policy_spec(policy)
         encoded = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in (overrides or {}).items()))
-        return Job(scenario, float(rate), policy, variant, encoded)
+        if queue_cap is not None:
+            spec = with_queue_cap(spec, queue_cap)  # checks the cap and that the policy has a valve
+        if spec.valve:
+            config_json = json.dumps(scenario_config(scenario, {k: json.loads(v) for k, v in encoded}), sort_keys=True)
+            queue_cap = spec.queue_cap if spec.queue_cap is not None else docs_queue_cap(scenario, config_json)
+            policy = policy.partition("=")[0]
+        return Job(scenario, float(rate), policy, variant, encoded, queue_cap)
 
     def config(self) -> dict[str, Any]:
         return scenario_config(self.scenario, {k: json.loads(v) for k, v in self.overrides})
 
+    def spec(self) -> Any:
+        """The policy this job replays, at its cap for a valve policy."""
+        spec = policy_spec(self.policy)
+        return with_queue_cap(spec, self.queue_cap) if self.queue_cap is not None else spec
+
     def key(self, core_build: str) -> str:
-        runs_core = POLICIES[self.policy].meridian_policy is not None
+        spec = policy_spec(self.policy)
+        runs_core = spec.meridian_policy is not None
         payload = {"scenario": asdict(self.scenario), "rate": round(self.rate, 9), "policy": self.policy,
                    "config": self.config(), "core": core_build if runs_core else None,
                    "v": RESULT_VERSION if runs_core else STOCK_RESULT_VERSION}
-        if POLICIES[self.policy].vllm_policy != "fcfs":
+        if self.queue_cap is not None:
+            payload["queue_cap"] = self.queue_cap
+        if spec.vllm_policy != "fcfs":
             # vLLM's priority queue orders by arrival stamp, which now comes from the trace
             # (it was the step the engine added the request at); its FCFS queue never reads it.
             payload["arrival_stamp"] = "trace"
@@ -300,8 +324,36 @@ class Job:
 
 #: Bump when what a result holds (``_result``) or how a scenario is built changes: the second for
 #: results of stock vLLM (which never shed: a change to the shed fields leaves them as they were).
-RESULT_VERSION = 3
-STOCK_RESULT_VERSION = 1
+#: 4 / 2: results hold ``peak_in_flight``, ``refused``, ``shed_by`` and ``queue_cap``.
+RESULT_VERSION = 4
+STOCK_RESULT_VERSION = 2
+
+
+@functools.lru_cache(maxsize=64)
+def _scenario_valve(s: Scenario, config_json: str) -> tuple[WorkloadMeans, int]:
+    """The scenario's workload means and docs-sized valve cap under ``config_json`` (the
+    offline requests they are read from are dropped: Mooncake's prompts are large)."""
+    profile = Profile.load(s.profile)
+    config = json.loads(config_json)
+    offline = offline_requests(_scenario_requests_cached(s), profile, Config.from_json(config_json))
+    cap = queue_cap_for(policy_spec(TUNED_VALVE_BASE), offline, profile, config)
+    assert cap is not None  # a valve policy always has a cap
+    return WorkloadMeans.of(offline, config), cap
+
+
+def docs_queue_cap(s: Scenario, config_json: str) -> int:
+    """The docs-sized valve cap of a scenario run with ``config_json`` (``queue_cap_for``: it
+    depends on the profile, the requests' lengths and the tightest TTFT target, not the rate)."""
+    return _scenario_valve(s, config_json)[1]
+
+
+def scenario_cap_grid(s: Scenario, never_binds_at: int | None = None) -> list[int]:
+    """The caps the tuned valve tries on a scenario (``queue_cap_grid`` around the seats its KV
+    cache holds); caps at or above ``never_binds_at`` (default: the number of requests) refuse
+    nothing, and only the smallest of them is kept."""
+    means, _cap = _scenario_valve(s, json.dumps(scenario_config(s), sort_keys=True))
+    bound = s.num_requests if never_binds_at is None else min(never_binds_at, s.num_requests)
+    return queue_cap_grid(effective_seats(Profile.load(s.profile), means), never_binds_at=max(bound, 1))
 
 
 def _core_build() -> str:
@@ -319,6 +371,8 @@ def _result(summary: dict[str, Any]) -> dict[str, Any]:
         return {
             "submitted": s["submitted"], "good": s["good"], "completed": s["completed"], "attainment": s["attainment"],
             "shed": s.get("shed", 0),
+            "refused": s.get("refused", 0),
+            "shed_by": s.get("shed_by", {}),
             "shed_notice_ms": s.get("shed_notice_ms"),
             "shed_notice_ms_by_reason": s.get("shed_notice_ms_by_reason"),
             "ttft_ms": {k: s["ttft_ms"][k] for k in ("p50", "p99")},
@@ -329,6 +383,7 @@ def _result(summary: dict[str, Any]) -> dict[str, Any]:
     out.update(
         throughput_tok_s=summary["throughput_tok_s"], duration_s=summary["duration_s"], stalls=summary["stalls"],
         answer_preemptions=summary["preemptions"]["answer"], num_steps=summary["num_steps"],
+        peak_in_flight=summary.get("peak_in_flight"), queue_cap=summary.get("queue_cap"),
         per_class={name: tails(c) for name, c in summary["per_class"].items()},
     )
     return out
@@ -340,7 +395,7 @@ def run_job(job: Job, cache_dir: Path) -> dict[str, Any]:
     profile = Profile.load(job.scenario.profile)
     config = job.config()
     requests = traces.scale_rate(_scenario_requests_cached(job.scenario), job.rate)
-    result = replay_policy(policy_spec(job.policy), offline_requests(requests, profile, Config.from_json(json.dumps(config))),
+    result = replay_policy(job.spec(), offline_requests(requests, profile, Config.from_json(json.dumps(config))),
                            profile, meridian_config=config, model_dir=model_dir_for(profile, cache_dir))
     return _result(policy_run(result, job.rate).summary)
 
@@ -423,7 +478,8 @@ class Corpus:
         with context.Pool(workers, maxtasksperchild=20) as pool:
             for i, result in zip(order, pool.imap(_pool_job, [jobs[i] for i in order], chunksize=1)):
                 results[i] = result
-                self.progress(f"  {jobs[i].scenario.name} @ {jobs[i].rate:.3g}/s {jobs[i].policy}"
+                cap = f"={jobs[i].queue_cap}" if jobs[i].queue_cap is not None else ""
+                self.progress(f"  {jobs[i].scenario.name} @ {jobs[i].rate:.3g}/s {jobs[i].policy}{cap}"
                               f"[{jobs[i].variant}]: {result['attainment']:.0%}")
         return [r for r in results if r is not None]
 
@@ -537,25 +593,67 @@ BASELINE = "vllm-fcfs"
 
 @dataclass(frozen=True)
 class Column:
-    """A column of the report: a policy, for Meridian a named variant of its knobs."""
+    """A column of the report: a policy, for Meridian a named variant of its knobs; ``tuned``:
+    the valve policy at the best cap of its grid, searched at every scenario and rate."""
 
     label: str
     policy: str
     variant: str = "default"
     overrides: Mapping[str, Any] = field(default_factory=dict)
+    tuned: bool = False
 
-    def job(self, scenario: Scenario, rate: float) -> Job:
-        return Job.of(scenario, rate, self.policy, self.variant, self.overrides)
+    def job(self, scenario: Scenario, rate: float, queue_cap: int | None = None) -> Job:
+        return Job.of(scenario, rate, self.policy, self.variant, self.overrides, queue_cap)
 
 
 def columns(policies: Sequence[str], variants: Mapping[str, Mapping[str, Any]] | None = None) -> list[Column]:
-    """The stock baseline first, then ``policies``, then Meridian's ``variants`` (label →
-    overrides, shown as ``meridian[label]``)."""
+    """The stock baseline first, then ``policies`` (``TUNED_VALVE`` as a tuned column), then
+    Meridian's ``variants`` (label → overrides, shown as ``meridian[label]``)."""
     out = [Column(BASELINE, BASELINE)]
-    out += [Column(p, p) for p in policies if p != BASELINE]
+    out += [Column(TUNED_VALVE, TUNED_VALVE_BASE, tuned=True) if p == TUNED_VALVE else Column(p, p)
+            for p in policies if p != BASELINE]
     out += [Column(f"meridian[{label}]", "meridian", label, dict(ov)) for label, ov in (variants or {}).items()]
     for c in out:
         policy_spec(c.policy)
+    return out
+
+
+def evaluate(corpus: Corpus, items: Sequence[tuple[Column, Scenario, float]],
+             fcfs: Mapping[tuple[str, float], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """Each (column, scenario, rate)'s result, the jobs run in one batch. A tuned column runs its
+    scenario's cap grid and keeps the cap that met every target for the most requests
+    (``best_queue_cap``; the result gains ``queue_cap`` and ``tuned_queue_caps``, cap → good).
+    ``fcfs`` (scenario name, rate) → FCFS's result there: caps at or above its
+    ``peak_in_flight`` refuse nothing, so they take FCFS's result without a replay."""
+    plan: list[list[tuple[int, Job | Mapping[str, Any]]]] = []
+    jobs: list[Job] = []
+    for column, scenario, rate in items:
+        if not column.tuned:
+            plan.append([(0, column.job(scenario, rate))])
+            jobs.append(column.job(scenario, rate))
+            continue
+        base = (fcfs or {}).get((scenario.name, rate))
+        peak = base.get("peak_in_flight") if base is not None and column.policy == TUNED_VALVE_BASE else None
+        grid = scenario_cap_grid(scenario, peak)
+        entries: list[tuple[int, Job | Mapping[str, Any]]] = []
+        for cap in grid:
+            if peak is not None and cap >= peak:
+                entries.append((cap, base))  # type: ignore[arg-type]  # checked above
+            else:
+                job = column.job(scenario, rate, cap)
+                entries.append((cap, job))
+                jobs.append(job)
+        plan.append(entries)
+    ran = iter(corpus.run(jobs))
+    out = []
+    for (column, _scenario, _rate), entries in zip(items, plan):
+        results = {cap: dict(next(ran)) if isinstance(entry, Job) else dict(entry) for cap, entry in entries}
+        if not column.tuned:
+            out.append(results[0])
+            continue
+        cap = best_queue_cap({c: int(r["good"]) for c, r in results.items()})
+        out.append({**results[cap], "queue_cap": cap,
+                    "tuned_queue_caps": {str(c): int(r["good"]) for c, r in sorted(results.items())}})
     return out
 
 
@@ -598,12 +696,16 @@ class CorpusReport:
     def to_json(self) -> dict[str, Any]:
         return {
             "scenarios": [asdict(s) for s in self.scenarios],
-            "columns": [{"label": c.label, "policy": c.policy, "overrides": dict(c.overrides)} for c in self.columns],
+            "columns": [{"label": c.label, "policy": c.policy, "overrides": dict(c.overrides), "tuned": c.tuned}
+                        for c in self.columns],
             "loads": {n: {str(p): {"rate": r, "fcfs_attainment": a} for p, (r, a) in pts.items()}
                       for n, pts in self.loads.items()},
             "results": [{"scenario": n, "load_point": p, "column": c, **r} for (n, p, c), r in self.results.items()],
             "summary": {str(p): {c.label: self.summary(p, c.label) for c in self.columns} for p in self.points},
             "capacity": self.capacity,
+            **({"meridian_vs_best_of_scorpio_tuned_valve": {
+                str(p): against_best(self, p, "meridian", ("scorpio", TUNED_VALVE)) for p in self.points}}
+               if {"meridian", "scorpio", TUNED_VALVE} <= {c.label for c in self.columns} else {}),
         }
 
 
@@ -629,9 +731,14 @@ def run_corpus(corpus: Corpus, scenarios: Sequence[Scenario], cols: Sequence[Col
         calibrations = calibrate(corpus, scenarios)
         loads = {s.name: {p: found for p in points if (found := calibrations[s.name].point(p)) is not None}
                  for s in scenarios}
-    jobs = [(s.name, p, c.label, c.job(s, loads[s.name][p][0]))
-            for s in scenarios for p in loads[s.name] for c in cols]
-    results = {(n, p, label): r for (n, p, label, _), r in zip(jobs, corpus.run([j for *_, j in jobs]))}
+    # The tuned valve's grid after every other column: FCFS's peak of unfinished requests at each
+    # load tells which caps refuse nothing there.
+    results: dict[tuple[str, float, str], dict[str, Any]] = {}
+    for tuned in (False, True):
+        items = [(c, s, p) for s in scenarios for p in loads[s.name] for c in cols if c.tuned is tuned]
+        fcfs = {(s.name, loads[s.name][p][0]): results[(s.name, p, BASELINE)] for c, s, p in items} if tuned else None
+        done = evaluate(corpus, [(c, s, loads[s.name][p][0]) for c, s, p in items], fcfs)
+        results.update({(s.name, p, c.label): r for (c, s, p), r in zip(items, done)})
     report = CorpusReport(list(scenarios), list(cols), loads, results, points=points)
     if capacity:
         report.capacity = capacity_of(corpus, calibrations, cols)
@@ -665,21 +772,24 @@ def capacity_of(corpus: Corpus, calibrations: Mapping[str, Calibration], cols: S
     searches = {(name, c.label): Calibration(cal.scenario, list(cal.probes) if c.label == BASELINE else [])
                 for name, cal in calibrations.items() for c in cols}
     by_label = {c.label: c for c in cols}
-    pending: list[tuple[tuple[str, str], Job]] = []
+    pending: list[tuple[tuple[str, str], float]] = []
     for (name, label), search in searches.items():
         if label != BASELINE:
             start = calibrations[name].rate_at(ATTAINMENT_TARGET)
-            pending += [((name, label), by_label[label].job(search.scenario, r)) for r in (start, start * 1.25)]
+            pending += [((name, label), r) for r in (start, start * 1.25)]
     for round_ in range(max_rounds + 1):
-        for (key, job), result in zip(pending, corpus.run([j for _, j in pending])):
-            searches[key].add(job.rate, float(result["attainment"]))
+        # A tuned column searches its cap at every probed rate (FCFS is not replayed there: its
+        # grid keeps every cap below the number of requests).
+        done = evaluate(corpus, [(by_label[key[1]], searches[key].scenario, rate) for key, rate in pending])
+        for (key, rate), result in zip(pending, done):
+            searches[key].add(rate, float(result["attainment"]))
         if round_ == max_rounds:
             break
         pending = []
         for key, search in searches.items():
             rate = search.next_probe(ATTAINMENT_TARGET)
             if rate is not None and key[1] != BASELINE:
-                pending.append((key, by_label[key[1]].job(search.scenario, rate)))
+                pending.append((key, rate))
     out: dict[str, dict[str, float]] = {}
     for (name, label), search in searches.items():
         met = [r for r, a in search.probes if a >= ATTAINMENT_TARGET]
@@ -757,6 +867,59 @@ def tail_lines(report: CorpusReport) -> list[str]:
     return lines
 
 
+def against_best(report: CorpusReport, point: float, label: str, others: Sequence[str]) -> dict[str, Any]:
+    """The column's requests meeting every target over the best of ``others`` per scenario (the
+    best baseline there, which may differ from scenario to scenario): geometric mean and worst."""
+    ratios = {}
+    for s in report.at(point):
+        best = max(report.results[(s.name, point, o)]["good"] for o in others)
+        mine = report.results[(s.name, point, label)]["good"]
+        ratios[s.name] = mine / best if best else (math.inf if mine else 1.0)
+    if not ratios:
+        return {"geomean": math.nan, "worst": math.nan, "worst_scenario": None, "scenarios": 0}
+    worst = min(ratios, key=lambda n: ratios[n])
+    return {"geomean": geometric_mean(ratios.values()), "worst": ratios[worst], "worst_scenario": worst,
+            "scenarios": len(ratios)}
+
+
+def against_best_lines(report: CorpusReport, label: str = "meridian",
+                       others: Sequence[str] = ("scorpio", TUNED_VALVE)) -> list[str]:
+    """``label`` against the best of ``others`` per scenario, at every load point (nothing when a
+    column is missing)."""
+    labels = {c.label for c in report.columns}
+    if label not in labels or not all(o in labels for o in others):
+        return []
+    lines = [f"### {label} against the best of {', '.join(others)} per scenario", "",
+             "| load | geo. mean | worst scenario |", "|---|---|---|"]
+    for point in report.points:
+        b = against_best(report, point, label, others)
+        lines.append(f"| {point:.0%} | {b['geomean']:.2f} | {b['worst']:.2f} ({b['worst_scenario']}) |")
+    lines.append("")
+    return lines
+
+
+def valve_lines(report: CorpusReport) -> list[str]:
+    """Per scenario and load point, the caps vLLM's load valve ran with (docs-sized; tuned), how
+    many requests each refused, and FCFS's peak of unfinished requests there (a cap at or above
+    it refuses nothing)."""
+    valves = [c for c in report.columns if policy_spec(c.policy).valve]
+    if not valves:
+        return []
+    lines = ["### vLLM's load valve: cap (requests refused at arrival)", "",
+             "| load | scenario | FCFS peak unfinished | " + " | ".join(c.label for c in valves) + " |",
+             "|---|---|---|" + "---|" * len(valves)]
+    for point in report.points:
+        for s in report.at(point):
+            base = report.results[(s.name, point, BASELINE)]
+            cells = []
+            for c in valves:
+                r = report.results[(s.name, point, c.label)]
+                cells.append(f"{r.get('queue_cap')} ({r.get('refused', 0)})")
+            lines.append(f"| {point:.0%} | {s.name} | {base.get('peak_in_flight')} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
 def render(report: CorpusReport) -> str:
     """Markdown: per load point, a row per scenario (FCFS's attainment, each column's ratio), the
     geometric mean and the worst; per family; capacity when measured."""
@@ -782,6 +945,8 @@ def render(report: CorpusReport) -> str:
         lines.append("| **worst** | | | " + " | ".join(f"{w['worst']:.2f} ({w['worst_scenario']})" for w in worst) + " |")
         lines.append("")
     lines += tail_lines(report)
+    lines += against_best_lines(report)
+    lines += valve_lines(report)
     if report.capacity:
         lines += ["### Capacity (highest rate with ≥ 80 % of requests meeting every target), × FCFS", "",
                   "| scenario | FCFS (req/s) | " + " | ".join(l for l in labels if l != BASELINE) + " |",
