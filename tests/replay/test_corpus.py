@@ -235,15 +235,23 @@ def test_the_tuned_valve_column_keeps_its_best_cap_and_replays_no_cap_that_never
     # Grid around 10 seats: 5, 8, 10, 12, 15, 20, 30, ...; FCFS peaked at 20 unfinished there.
     fcfs = {"good": 40, "attainment": 0.4, "peak_in_flight": 20}
     stub = StubCorpus(lambda job: {5: 30, 8: 52, 10: 52, 12: 45, 15: 41}[job.queue_cap])
-    (result,) = C.evaluate(stub, [(tuned, s, 2.0)], {("x", 2.0): fcfs})
+    (result,) = C.evaluate(stub, [(tuned, s, 2.0)], {("x", 2.0, "vllm-fcfs"): fcfs})
     assert sorted(j.queue_cap for j in stub.jobs) == [5, 8, 10, 12, 15], "cap 20 refuses nothing: FCFS's result"
     assert all(j.policy == "vllm-fcfs+cap" and j.rate == 2.0 for j in stub.jobs)
     assert result["tuned_queue_caps"] == {"5": 30, "8": 52, "10": 52, "12": 45, "15": 41, "20": 40}
     assert result["queue_cap"] == 10 and result["good"] == 52, "the most good, the larger cap on a tie"
     # Where no cap beats FCFS the tuned valve is FCFS itself (at a cap that never binds).
     stub = StubCorpus(lambda job: 10)
-    (result,) = C.evaluate(stub, [(tuned, s, 2.0)], {("x", 2.0): fcfs})
+    (result,) = C.evaluate(stub, [(tuned, s, 2.0)], {("x", 2.0, "vllm-fcfs"): fcfs})
     assert result["queue_cap"] == 20 and result["good"] == 40 and result["peak_in_flight"] == 20
+    # The docs-sized valve at a cap at or above the peak is FCFS's run; below it, a replay.
+    monkeypatch.setattr(C, "docs_queue_cap", lambda s, config_json: 25)
+    (docs,) = [c for c in C.columns(["vllm-fcfs+cap"]) if c.label == "vllm-fcfs+cap"]
+    stub = StubCorpus(lambda job: 7)
+    assert C.evaluate(stub, [(docs, s, 2.0)], {("x", 2.0, "vllm-fcfs"): fcfs}) == [{**fcfs, "queue_cap": 25}]
+    assert stub.jobs == []
+    assert C.evaluate(stub, [(docs, s, 2.0)], {("x", 2.0, "vllm-fcfs"): {**fcfs, "peak_in_flight": 26}})[0]["good"] == 7
+    assert [j.queue_cap for j in stub.jobs] == [25]
     # Without FCFS's run there (the capacity search) every cap below the request count is replayed.
     stub = StubCorpus(lambda job: job.queue_cap)
     (result,) = C.evaluate(stub, [(tuned, s, 3.0)])

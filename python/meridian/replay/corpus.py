@@ -13,8 +13,8 @@ search, ``calibrate``) — under every policy; capacity is DistServe's goodput, 
 which 80 % of the requests meet every target of their class (``capacities``). vLLM's load valve
 comes as columns too: at its docs-sized cap (``vllm-fcfs+cap``, ``vllm-priority+cap``) and tuned
 (``vllm-fcfs+cap*``: at every scenario and rate, the cap of ``queue_cap_grid`` that meets every
-target for the most requests; caps at or above FCFS's peak of unfinished requests there refuse
-nothing and take FCFS's result without a replay).
+target for the most requests). A cap at or above the stock policy's peak of unfinished requests
+at that scenario and rate refuses nothing, so it takes that policy's result without a replay.
 
 Invariants: a scenario's requests depend only on its fields (same fields, same requests, whatever
 the policy or the process); every policy at a load replays the very same requests; a result is
@@ -45,7 +45,7 @@ from meridian.replay import reasoning, traces
 from meridian.replay.arrivals import ServeGenArrivals, retime
 from meridian.replay.policies import (
     TUNED_VALVE, TUNED_VALVE_BASE, WorkloadMeans, best_queue_cap, effective_seats, policy_spec, queue_cap_for,
-    queue_cap_grid, replay_policy, with_queue_cap,
+    queue_cap_grid, replay_policy, unvalved_policy, with_queue_cap,
 )
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.replay.report import policy_run
@@ -619,41 +619,43 @@ def columns(policies: Sequence[str], variants: Mapping[str, Mapping[str, Any]] |
 
 
 def evaluate(corpus: Corpus, items: Sequence[tuple[Column, Scenario, float]],
-             fcfs: Mapping[tuple[str, float], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+             unvalved: Mapping[tuple[str, float, str], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Each (column, scenario, rate)'s result, the jobs run in one batch. A tuned column runs its
     scenario's cap grid and keeps the cap that met every target for the most requests
     (``best_queue_cap``; the result gains ``queue_cap`` and ``tuned_queue_caps``, cap → good).
-    ``fcfs`` (scenario name, rate) → FCFS's result there: caps at or above its
-    ``peak_in_flight`` refuse nothing, so they take FCFS's result without a replay."""
-    plan: list[list[tuple[int, Job | Mapping[str, Any]]]] = []
+    ``unvalved`` (scenario name, rate, stock policy) → that policy's result there without a
+    valve: a valve whose cap is at or above its ``peak_in_flight`` refuses nothing and gives
+    exactly that run, so it takes that result without a replay."""
+    plan: list[list[tuple[int | None, Job | Mapping[str, Any]]]] = []
     jobs: list[Job] = []
+
+    def entry(column: Column, scenario: Scenario, rate: float, cap: int | None, base: Mapping[str, Any] | None,
+              peak: int | None) -> tuple[int | None, Job | Mapping[str, Any]]:
+        job = column.job(scenario, rate, cap)
+        if base is not None and peak is not None and job.queue_cap is not None and job.queue_cap >= peak:
+            return job.queue_cap, {**base, "queue_cap": job.queue_cap}
+        jobs.append(job)
+        return job.queue_cap, job
+
     for column, scenario, rate in items:
-        if not column.tuned:
-            plan.append([(0, column.job(scenario, rate))])
-            jobs.append(column.job(scenario, rate))
-            continue
-        base = (fcfs or {}).get((scenario.name, rate))
-        peak = base.get("peak_in_flight") if base is not None and column.policy == TUNED_VALVE_BASE else None
-        grid = scenario_cap_grid(scenario, peak)
-        entries: list[tuple[int, Job | Mapping[str, Any]]] = []
-        for cap in grid:
-            if peak is not None and cap >= peak:
-                entries.append((cap, base))  # type: ignore[arg-type]  # checked above
-            else:
-                job = column.job(scenario, rate, cap)
-                entries.append((cap, job))
-                jobs.append(job)
-        plan.append(entries)
+        spec = policy_spec(column.policy)
+        base = (unvalved or {}).get((scenario.name, rate, unvalved_policy(spec))) if spec.valve else None
+        peak = base.get("peak_in_flight") if base is not None else None
+        if column.tuned:
+            plan.append([entry(column, scenario, rate, cap, base, peak) for cap in scenario_cap_grid(scenario, peak)])
+        else:
+            plan.append([entry(column, scenario, rate, None, base, peak)])
     ran = iter(corpus.run(jobs))
     out = []
     for (column, _scenario, _rate), entries in zip(items, plan):
-        results = {cap: dict(next(ran)) if isinstance(entry, Job) else dict(entry) for cap, entry in entries}
+        results = {cap: dict(next(ran)) if isinstance(e, Job) else dict(e) for cap, e in entries}
         if not column.tuned:
-            out.append(results[0])
+            out.append(next(iter(results.values())))
             continue
-        cap = best_queue_cap({c: int(r["good"]) for c, r in results.items()})
-        out.append({**results[cap], "queue_cap": cap,
-                    "tuned_queue_caps": {str(c): int(r["good"]) for c, r in sorted(results.items())}})
+        caps = {c: r for c, r in results.items() if c is not None}
+        cap = best_queue_cap({c: int(r["good"]) for c, r in caps.items()})
+        out.append({**caps[cap], "queue_cap": cap,
+                    "tuned_queue_caps": {str(c): int(r["good"]) for c, r in sorted(caps.items())}})
     return out
 
 
@@ -731,13 +733,16 @@ def run_corpus(corpus: Corpus, scenarios: Sequence[Scenario], cols: Sequence[Col
         calibrations = calibrate(corpus, scenarios)
         loads = {s.name: {p: found for p in points if (found := calibrations[s.name].point(p)) is not None}
                  for s in scenarios}
-    # The tuned valve's grid after every other column: FCFS's peak of unfinished requests at each
+    # The valve columns after every other: the stock policy's peak of unfinished requests at each
     # load tells which caps refuse nothing there.
     results: dict[tuple[str, float, str], dict[str, Any]] = {}
-    for tuned in (False, True):
-        items = [(c, s, p) for s in scenarios for p in loads[s.name] for c in cols if c.tuned is tuned]
-        fcfs = {(s.name, loads[s.name][p][0]): results[(s.name, p, BASELINE)] for c, s, p in items} if tuned else None
-        done = evaluate(corpus, [(c, s, loads[s.name][p][0]) for c, s, p in items], fcfs)
+    for valve in (False, True):
+        items = [(c, s, p) for s in scenarios for p in loads[s.name] for c in cols
+                 if policy_spec(c.policy).valve is valve]
+        unvalved = {(s.name, loads[s.name][p][0], c.policy): results[(s.name, p, c.label)]
+                    for s in scenarios for p in loads[s.name] for c in cols
+                    if c.label == c.policy and not policy_spec(c.policy).valve} if valve else None
+        done = evaluate(corpus, [(c, s, loads[s.name][p][0]) for c, s, p in items], unvalved)
         results.update({(s.name, p, c.label): r for (c, s, p), r in zip(items, done)})
     report = CorpusReport(list(scenarios), list(cols), loads, results, points=points)
     if capacity:

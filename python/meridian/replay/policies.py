@@ -130,6 +130,15 @@ def policy_spec(name: str) -> PolicySpec:
                      "or a valve policy at an explicit cap such as vllm-fcfs+cap=96")
 
 
+def unvalved_policy(spec: PolicySpec) -> str:
+    """The stock policy a valve policy puts its valve in front of (``vllm-fcfs+cap`` →
+    ``vllm-fcfs``); the policy itself for one without a valve."""
+    if not spec.valve:
+        return spec.name
+    return next(name for name, p in POLICIES.items()
+                if not p.valve and p.meridian_policy is None and p.vllm_policy == spec.vllm_policy)
+
+
 def check_policy_name(name: str) -> None:
     """Raises ``ValueError`` unless ``name`` is a policy or ``TUNED_VALVE`` (what a replay takes)."""
     if name != TUNED_VALVE:
