@@ -209,9 +209,10 @@ def test_bad_caps_are_named_wherever_they_come_in(capsys: pytest.CaptureFixture[
 
 
 def test_the_cap_grid_and_the_pick_by_hand() -> None:
-    assert queue_cap_grid(100) == [50, 75, 100, 125, 150, 200, 300, 400, 600, 800, 1200]
-    assert queue_cap_grid(100, never_binds_at=180) == [50, 75, 100, 125, 150, 200], "one cap that never binds kept"
-    assert queue_cap_grid(100, never_binds_at=50) == [50]
+    assert queue_cap_grid(100) == [12, 25, 38, 50, 75, 100, 125, 150, 200, 300, 400, 600, 800, 1200]
+    assert queue_cap_grid(100, never_binds_at=180) == [12, 25, 38, 50, 75, 100, 125, 150, 200], \
+        "one cap that never binds kept"
+    assert queue_cap_grid(100, never_binds_at=30) == [12, 25, 38]
     assert queue_cap_grid(1) == [1, 2, 3, 4, 6, 8, 12]
     with pytest.raises(ValueError, match="seats >= 1, got 0"):
         queue_cap_grid(0)
@@ -236,7 +237,7 @@ def test_the_tuned_valve_is_the_best_run_of_its_grid(tmp_path: Path) -> None:
         "slo_class": t.slo_class}) + "\n" for t in waves))
     seats = effective_seats(profile, WorkloadMeans.of(offline(waves, profile), CONFIG))
     grid = queue_cap_grid(seats, never_binds_at=len(waves))
-    assert seats == 4 and grid == [2, 3, 4, 5, 6, 8, 12, 16, 24]
+    assert seats == 4 and grid == [1, 2, 3, 4, 5, 6, 8, 12, 16, 24]
     options = ReplayOptions(traces=(trace_path,), classes="trace", reasoning="trace", profile=str(profile_path),
                             policies=("vllm-fcfs", TUNED_VALVE), meridian_config=CONFIG, jobs=1, progress=False,
                             cache_dir=tmp_path)

@@ -919,7 +919,9 @@ def valve_lines(report: CorpusReport) -> list[str]:
             cells = []
             for c in valves:
                 r = report.results[(s.name, point, c.label)]
-                cells.append(f"{r.get('queue_cap')} ({r.get('refused', 0)})")
+                tried = [int(k) for k in r.get("tuned_queue_caps") or {}]
+                edge = " (the grid's lowest)" if tried and r.get("queue_cap") == min(tried) else ""
+                cells.append(f"{r.get('queue_cap')} ({r.get('refused', 0)}){edge}")
             lines.append(f"| {point:.0%} | {s.name} | {base.get('peak_in_flight')} | " + " | ".join(cells) + " |")
     lines.append("")
     return lines

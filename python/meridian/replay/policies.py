@@ -34,6 +34,7 @@ from meridian._core import Config
 from meridian.offline.engine import (
     ArrivalGate, EngineRun, EngineSpec, OfflineEngine, OfflineRequest, build_scheduler,
 )
+from meridian.offline.tiny import EOS
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.vllm.names import CONFIG_KEY, POLICY_NAMES
 
@@ -238,8 +239,10 @@ def engine_spec(spec: PolicySpec, profile: Profile, meridian_config: dict[str, A
 
 #: The reason a valve refusal is recorded under (``Timeline.shed_by``).
 VALVE = "valve"
-#: Factors of the seats the KV cache holds (``effective_seats``) that the tuned valve tries.
-TUNED_CAP_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
+#: Factors of the seats the KV cache holds (``effective_seats``) that the tuned valve tries. The
+#: ones below 0.5 were added when the corpus found a scenario (mooncake-03) whose best cap lay
+#: below half the seats: a grid that stops short of the best cap would undersell the baseline.
+TUNED_CAP_FACTORS = (0.125, 0.25, 0.375, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0)
 
 
 @dataclass(frozen=True)
@@ -285,8 +288,8 @@ class WorkloadMeans:
 
     @classmethod
     def of(cls, requests: Sequence[OfflineRequest], meridian_config: Mapping[str, Any]) -> WorkloadMeans:
-        """Means over the requests the engine would admit (``max_tokens`` >= 1), their output
-        being ``max_tokens`` (the replay's scripted output length: thinking, answer, markers)."""
+        """Means over the requests the engine would admit (``max_tokens`` >= 1), each one's
+        output being what its model generates (``generated_tokens``)."""
         valid = [r for r in requests if r.max_tokens >= 1]
         if not valid:
             raise ValueError("sizing a valve needs at least one request with room to generate")
@@ -298,9 +301,27 @@ class WorkloadMeans:
             raise ValueError(f"sizing a valve needs a TTFT target; classes {sorted(classes)} have none")
         return cls(
             prompt_tokens=sum(len(r.prompt_token_ids) for r in valid) / len(valid),
-            output_tokens=sum(r.max_tokens for r in valid) / len(valid),
+            output_tokens=sum(generated_tokens(r) for r in valid) / len(valid),
             min_ttft_target_ms=min(ttfts),
         )
+
+
+def generated_tokens(request: OfflineRequest) -> int:
+    """The tokens a request's model generates — what an operator's logs give as its output
+    length: for a replayed trace request its thinking, the reasoning-end token, its answer and
+    EOS; for a fixed script its tokens; otherwise ``max_tokens``, the most it may generate (never
+    the first choice: a request's ``max_tokens`` is a cap, often the whole context)."""
+    script = request.script
+    trace = getattr(script, "trace", None)
+    if trace is not None:
+        answer = trace.num_answer_tokens if trace.num_answer_tokens is not None else trace.num_output_tokens
+        thinking = trace.num_think_tokens + 1 if trace.num_think_tokens is not None else 0
+        return min(thinking + answer + 1, request.max_tokens)
+    tokens = getattr(script, "tokens", None)
+    if tokens is not None:
+        ends = bool(tokens) and tokens[-1] == EOS  # the script's EOS ends it, else one follows
+        return min(len(tokens) + (0 if ends else 1), request.max_tokens)
+    return request.max_tokens
 
 
 def valve_capacity_rps(profile: Profile, means: WorkloadMeans) -> float:
