@@ -282,3 +282,25 @@ def test_a_tiny_scenario_replays_behind_the_valve(tmp_path: Path) -> None:
     assert tuned["good"] == max(tuned["tuned_queue_caps"].values()) >= fcfs["good"]
     text = C.render(report)
     assert "vLLM's load valve" in text and f"| 50% | {scenario.name} | {fcfs['peak_in_flight']} |" in text
+
+
+def test_the_capacity_search_tunes_the_valve_at_every_probed_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    from meridian.replay.policies import TUNED_VALVE, queue_cap_grid
+
+    monkeypatch.setattr(C, "scenario_cap_grid",
+                        lambda s, never_binds_at=None: queue_cap_grid(4, never_binds_at or s.num_requests))
+    monkeypatch.setattr(C, "docs_queue_cap", lambda s, config_json: 1000)
+    s = scenario_x()
+    calibration = C.Calibration(s)
+    for rate, attainment in ((1.0, 0.9), (1.5, 0.8), (2.0, 0.6), (3.0, 0.4)):
+        calibration.add(rate, attainment)
+    # Only cap 4 keeps 80 % met, and only up to 2.4 req/s; every other cap (and the docs-sized
+    # valve, which never binds on 100 requests) stays under it above FCFS's 1.5 req/s.
+    stub = StubCorpus(lambda job: 85 if job.queue_cap == 4 and job.rate <= 2.4 else 50)
+    caps = C.capacity_of(stub, {"x": calibration}, C.columns([TUNED_VALVE, "vllm-fcfs+cap"]))
+    assert caps["x"]["vllm-fcfs"] == 1.5
+    assert caps["x"]["vllm-fcfs+cap"] == 0.0, "never met 80 % at a probed rate"
+    assert 1.875 <= caps["x"][TUNED_VALVE] <= 2.4, "the tuned pick at each probed rate, bracketed below 2.4"
+    tuned_rates = {j.rate for j in stub.jobs if j.queue_cap != 1000}
+    assert len(tuned_rates) >= 3 and all({j.queue_cap for j in stub.jobs if j.rate == r} >= {1, 2, 3, 4, 5}
+                                         for r in tuned_rates), "the whole grid at every probed rate"
