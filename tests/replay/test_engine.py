@@ -102,8 +102,9 @@ def test_prompts_share_text_exactly_where_their_block_hashes_agree() -> None:
 def test_a_single_request_gives_the_hand_worked_timeline(tmp_path: Path) -> None:
     # Steps take 10 ms and the batch queue holds two: step k's output (output token k-1) is
     # applied at 10·k ms. 3 thinking tokens, </think>, 2 answer tokens, EOS: 7 tokens at
-    # 10, 20, …, 70 ms. vLLM knows the request cannot pass 7 tokens (max_tokens), so it
-    # schedules nothing more: the replay ends with the last token.
+    # 10, 20, …, 70 ms. Its max_tokens is the context's (as for a client that sets none), so
+    # vLLM has already scheduled an eighth step when the EOS comes back: the device is busy
+    # until 80 ms, and the replay's clock — what its rates divide by — ends there.
     result = replay("vllm-fcfs", [request("a", 0.0)], linear_profile(), tmp_path)
     (timeline,) = timelines(result)
     assert list(timeline.token_times_ms) == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0]
@@ -116,9 +117,9 @@ def test_a_single_request_gives_the_hand_worked_timeline(tmp_path: Path) -> None
     assert report.num_think_tokens == 4 and report.num_answer_tokens == 3
     assert report.met_all, "TTFT 10 ≤ 50, TTFAT 50 ≤ 60, answer TPOT 10 ≤ 20"
     summary = summarize(result)
-    assert result.run.clock_ms == 70.0
-    assert summary["goodput_rps"] == pytest.approx(1 / 0.070)
-    assert summary["throughput_tok_s"] == pytest.approx(7 / 0.070)
+    assert result.run.clock_ms == 80.0
+    assert summary["goodput_rps"] == pytest.approx(1 / 0.080)
+    assert summary["throughput_tok_s"] == pytest.approx(7 / 0.080)
     assert summary["submitted"] == summary["completed"] == summary["good"] == 1
     assert summary["stalls"] == 0
     assert summary["preemptions"] == {"prefill": 0, "think": 0, "answer": 0}

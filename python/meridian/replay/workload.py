@@ -35,8 +35,12 @@ PROMPT_TOKEN_RANGE = 100_000
 
 def offline_requests(requests: list[TraceRequest], profile: Profile, config: Config) -> list[OfflineRequest]:
     """The trace's requests as the engine takes them: each in its class (the default class when
-    it names none), at its class's rank as vLLM priority, ``max_tokens`` within the profile's
-    context (below 1: the engine rejects it, as vLLM's frontend would)."""
+    it names none), at its class's rank as vLLM priority, with the ``max_tokens`` vLLM gives a
+    request that sets none — what the profile's context leaves after the prompt (below 1: the
+    engine rejects it, as vLLM's frontend would). Never the script's own length: a scheduler that
+    reads ``max_tokens`` (Meridian caps its predicted remaining work by it) would know each
+    request's length in the replay and not on a live server, where clients set a generous cap or
+    none."""
     controls = {name: config.thinking_control(name) for name in config.class_names}
     followed = {name: config.thinking_stream_wanted(name, control) for name, control in controls.items()}
     ranks = {name: int(config.class_targets(name)["rank"] or 0) for name in config.class_names}
@@ -48,7 +52,7 @@ def offline_requests(requests: list[TraceRequest], profile: Profile, config: Con
             req_id=trace.req_id,
             arrival_ms=trace.arrival_ms,
             prompt_token_ids=prompt_token_ids(trace),
-            max_tokens=min(script.max_length, profile.max_model_len - trace.num_prompt_tokens),
+            max_tokens=profile.max_model_len - trace.num_prompt_tokens,
             script=script,
             slo_class=slo_class,
             priority=ranks[slo_class],
@@ -75,8 +79,6 @@ class ScriptedModel:
             self.stream = ThinkingStream(
                 control, [THINK_START], start_ids=[THINK_START], end_ids=[THINK_END], forced_ids=forced
             )
-        #: Upper bound of the output length (a forced closing text may add its words).
-        self.max_length = script_length(trace) + closing_words
 
     @property
     def thinking_stopped_by(self) -> str | None:
@@ -120,12 +122,6 @@ class ScriptedModel:
 def answer_tokens(trace: TraceRequest) -> int:
     """Visible answer tokens of ``trace`` (all of its output when it has no split)."""
     return trace.num_answer_tokens if trace.num_answer_tokens is not None else trace.num_output_tokens
-
-
-def script_length(trace: TraceRequest) -> int:
-    """Tokens the model generates: thinking, the reasoning-end token, the answer, EOS."""
-    reasoning = trace.num_think_tokens + 1 if trace.num_think_tokens is not None else 0
-    return reasoning + answer_tokens(trace) + 1
 
 
 def script_token(trace: TraceRequest, position: int) -> int:
