@@ -234,13 +234,14 @@ def test_the_tuned_valve_column_keeps_its_best_cap_and_replays_no_cap_that_never
     assert tuned.label == TUNED_VALVE and tuned.policy == "vllm-fcfs+cap"
     # Grid around 10 seats: 1, 2, 4, 5, 8, 10, 12, 15, 20, 30, ...; FCFS peaked at 20 unfinished there.
     fcfs = {"good": 40, "attainment": 0.4, "peak_in_flight": 20}
-    stub = StubCorpus(lambda job: {1: 3, 2: 9, 4: 20, 5: 30, 8: 52, 10: 52, 12: 45, 15: 41}[job.queue_cap])
+    goods = {1: 3, 2: 9, 4: 20, 5: 30, 8: 52, 9: 53, 10: 52, 11: 50, 12: 45, 15: 41}
+    stub = StubCorpus(lambda job: goods[job.queue_cap])
     (result,) = C.evaluate(stub, [(tuned, s, 2.0)], {("x", 2.0, "vllm-fcfs"): fcfs})
-    assert sorted(j.queue_cap for j in stub.jobs) == [1, 2, 4, 5, 8, 10, 12, 15], "cap 20 refuses nothing: FCFS's"
+    # The grid's best is 10 (a tie with 8: the larger); the refinement tries 9 and 11 around it.
+    assert [j.queue_cap for j in stub.jobs] == [1, 2, 4, 5, 8, 10, 12, 15, 9, 11], "cap 20 refuses nothing: FCFS's"
     assert all(j.policy == "vllm-fcfs+cap" and j.rate == 2.0 for j in stub.jobs)
-    assert result["tuned_queue_caps"] == {"1": 3, "2": 9, "4": 20, "5": 30, "8": 52, "10": 52, "12": 45, "15": 41,
-                                          "20": 40}
-    assert result["queue_cap"] == 10 and result["good"] == 52, "the most good, the larger cap on a tie"
+    assert result["tuned_queue_caps"] == {**{str(c): g for c, g in goods.items()}, "20": 40}
+    assert result["queue_cap"] == 9 and result["good"] == 53, "the most good, found by the refinement"
     # Where no cap beats FCFS the tuned valve is FCFS itself (at a cap that never binds).
     stub = StubCorpus(lambda job: 10)
     (result,) = C.evaluate(stub, [(tuned, s, 2.0)], {("x", 2.0, "vllm-fcfs"): fcfs})
@@ -256,8 +257,9 @@ def test_the_tuned_valve_column_keeps_its_best_cap_and_replays_no_cap_that_never
     # Without FCFS's run there (the capacity search) every cap below the request count is replayed.
     stub = StubCorpus(lambda job: job.queue_cap)
     (result,) = C.evaluate(stub, [(tuned, s, 3.0)])
-    assert [j.queue_cap for j in stub.jobs] == queue_cap_grid(10, 100) == [1, 2, 4, 5, 8, 10, 12, 15, 20, 30, 40, 60, 80,
-                                                                            120]
+    grid = queue_cap_grid(10, 100)
+    assert grid == [1, 2, 4, 5, 8, 10, 12, 15, 20, 30, 40, 60, 80, 120]
+    assert [j.queue_cap for j in stub.jobs] == [*grid, 92, 105]
     assert result["queue_cap"] == 120
 
 

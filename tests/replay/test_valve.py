@@ -19,8 +19,8 @@ from meridian.cli import main as cli_main
 from meridian.offline.engine import REFUSED, OfflineEngine, OfflineRequest
 from meridian.replay.policies import (
     POLICIES, TUNED_VALVE, VALVE, LoadValve, PolicySpec, ReplayResult, WorkloadMeans, best_queue_cap,
-    docs_sized_queue_cap, effective_seats, policy_spec, queue_cap_for, queue_cap_grid, replay_engine, replay_policy,
-    valve_capacity_rps, with_queue_cap,
+    docs_sized_queue_cap, effective_seats, policy_spec, queue_cap_for, queue_cap_grid, refined_queue_caps, replay_engine,
+    replay_policy, valve_capacity_rps, with_queue_cap,
 )
 from meridian.replay.profiles import Profile
 from meridian.replay.report import is_shed, summarize, table
@@ -220,6 +220,10 @@ def test_the_cap_grid_and_the_pick_by_hand() -> None:
     assert best_queue_cap({50: 10, 75: 14, 100: 14}) == 100, "a tie goes to the cap refusing the fewest"
     with pytest.raises(ValueError):
         best_queue_cap({})
+    # A third and two thirds of the way (geometrically) to each neighbour of the best: 40 → 60 → 80.
+    assert refined_queue_caps({40: 356, 60: 418, 80: 357}) == [46, 52, 66, 73]
+    assert refined_queue_caps({10: 5, 20: 9}) == [13, 16], "the best at the end: one side"
+    assert refined_queue_caps({4: 1, 5: 2, 6: 1}) == [], "nothing between neighbours one apart"
 
 
 def test_the_tuned_valve_is_the_best_run_of_its_grid(tmp_path: Path) -> None:
@@ -245,7 +249,9 @@ def test_the_tuned_valve_is_the_best_run_of_its_grid(tmp_path: Path) -> None:
     assert [r.policy for r in report.runs] == ["vllm-fcfs", TUNED_VALVE]
     tuned = report.runs[1].summary
     good = {cap: summarize(replay(f"vllm-fcfs+cap={cap}", waves, profile, tmp_path))["good"] for cap in grid}
-    assert tuned["tuned_queue_caps"] == {str(cap): g for cap, g in good.items()}
+    refined = refined_queue_caps(good)
+    good.update({cap: summarize(replay(f"vllm-fcfs+cap={cap}", waves, profile, tmp_path))["good"] for cap in refined})
+    assert tuned["tuned_queue_caps"] == {str(cap): g for cap, g in sorted(good.items())}
     assert tuned["queue_cap"] == best_queue_cap(good) and tuned["good"] == max(good.values())
     assert tuned["good"] > report.runs[0].summary["good"], "the valve pays here: the test can tell a pick"
     assert tuned["policy"] == TUNED_VALVE

@@ -12,8 +12,8 @@ at three loads — where stock vLLM FCFS meets about 90 %, 70 % and 50 % of the 
 search, ``calibrate``) — under every policy; capacity is DistServe's goodput, the highest rate at
 which 80 % of the requests meet every target of their class (``capacities``). vLLM's load valve
 comes as columns too: at its docs-sized cap (``vllm-fcfs+cap``, ``vllm-priority+cap``) and tuned
-(``vllm-fcfs+cap*``: at every scenario and rate, the cap of ``queue_cap_grid`` that meets every
-target for the most requests). A cap at or above the stock policy's peak of unfinished requests
+(``vllm-fcfs+cap*``: at every scenario and rate, the cap of ``queue_cap_grid``, refined once
+around the best (``refined_queue_caps``), that meets every target for the most requests). A cap at or above the stock policy's peak of unfinished requests
 at that scenario and rate refuses nothing, so it takes that policy's result without a replay.
 
 Invariants: a scenario's requests depend only on its fields (same fields, same requests, whatever
@@ -45,7 +45,7 @@ from meridian.replay import reasoning, traces
 from meridian.replay.arrivals import ServeGenArrivals, retime
 from meridian.replay.policies import (
     TUNED_VALVE, TUNED_VALVE_BASE, WorkloadMeans, best_queue_cap, effective_seats, policy_spec, queue_cap_for,
-    queue_cap_grid, replay_policy, unvalved_policy, with_queue_cap,
+    queue_cap_grid, refined_queue_caps, replay_policy, unvalved_policy, with_queue_cap,
 )
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.replay.report import policy_run
@@ -620,39 +620,47 @@ def columns(policies: Sequence[str], variants: Mapping[str, Mapping[str, Any]] |
 
 def evaluate(corpus: Corpus, items: Sequence[tuple[Column, Scenario, float]],
              unvalved: Mapping[tuple[str, float, str], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Each (column, scenario, rate)'s result, the jobs run in one batch. A tuned column runs its
-    scenario's cap grid and keeps the cap that met every target for the most requests
+    """Each (column, scenario, rate)'s result, the jobs run in batches. A tuned column runs its
+    scenario's cap grid, then one round of refinement around the best cap
+    (``refined_queue_caps``), and keeps the cap that met every target for the most requests
     (``best_queue_cap``; the result gains ``queue_cap`` and ``tuned_queue_caps``, cap → good).
     ``unvalved`` (scenario name, rate, stock policy) → that policy's result there without a
     valve: a valve whose cap is at or above its ``peak_in_flight`` refuses nothing and gives
     exactly that run, so it takes that result without a replay."""
-    plan: list[list[tuple[int | None, Job | Mapping[str, Any]]]] = []
-    jobs: list[Job] = []
-
-    def entry(column: Column, scenario: Scenario, rate: float, cap: int | None, base: Mapping[str, Any] | None,
-              peak: int | None) -> tuple[int | None, Job | Mapping[str, Any]]:
-        job = column.job(scenario, rate, cap)
-        if base is not None and peak is not None and job.queue_cap is not None and job.queue_cap >= peak:
-            return job.queue_cap, {**base, "queue_cap": job.queue_cap}
-        jobs.append(job)
-        return job.queue_cap, job
-
+    contexts = []
     for column, scenario, rate in items:
         spec = policy_spec(column.policy)
         base = (unvalved or {}).get((scenario.name, rate, unvalved_policy(spec))) if spec.valve else None
         peak = base.get("peak_in_flight") if base is not None else None
-        if column.tuned:
-            plan.append([entry(column, scenario, rate, cap, base, peak) for cap in scenario_cap_grid(scenario, peak)])
-        else:
-            plan.append([entry(column, scenario, rate, None, base, peak)])
-    ran = iter(corpus.run(jobs))
+        contexts.append((column, scenario, rate, base, peak))
+
+    def run_caps(wanted: list[list[int | None]]) -> list[dict[int | None, dict[str, Any]]]:
+        """Per item, the results at the caps asked for (``None``: the column's own cap)."""
+        jobs: list[Job] = []
+        plans = []
+        for (column, scenario, rate, base, peak), caps in zip(contexts, wanted):
+            plan = []
+            for cap in caps:
+                job = column.job(scenario, rate, cap)
+                if base is not None and peak is not None and job.queue_cap is not None and job.queue_cap >= peak:
+                    plan.append((cap, job.queue_cap, {**base, "queue_cap": job.queue_cap}))
+                else:
+                    plan.append((cap, job.queue_cap, job))
+                    jobs.append(job)
+            plans.append(plan)
+        ran = iter(corpus.run(jobs))
+        return [{cap: dict(next(ran)) if isinstance(e, Job) else dict(e) for cap, _q, e in plan} for plan in plans]
+
+    first = run_caps([scenario_cap_grid(scenario, peak) if column.tuned else [None]
+                      for column, scenario, _rate, _base, peak in contexts])
+    second = run_caps([refined_queue_caps({c: int(r["good"]) for c, r in got.items() if c is not None})
+                       if column.tuned else [] for (column, *_rest), got in zip(contexts, first)])
     out = []
-    for (column, _scenario, _rate), entries in zip(items, plan):
-        results = {cap: dict(next(ran)) if isinstance(e, Job) else dict(e) for cap, e in entries}
+    for (column, *_rest), got, more in zip(contexts, first, second):
         if not column.tuned:
-            out.append(next(iter(results.values())))
+            out.append(got[None])
             continue
-        caps = {c: r for c, r in results.items() if c is not None}
+        caps = {c: r for c, r in {**got, **more}.items() if c is not None}
         cap = best_queue_cap({c: int(r["good"]) for c, r in caps.items()})
         out.append({**caps[cap], "queue_cap": cap,
                     "tuned_queue_caps": {str(c): int(r["good"]) for c, r in sorted(caps.items())}})

@@ -14,7 +14,8 @@ vLLM 0.32's ``--max-num-queued-reqs``, enforced in the API server, answers HTTP 
 gate of the engine loop (``LoadValve``). Its cap is by default what vLLM's docs advise
 (``docs_sized_queue_cap``), or given (``vllm-fcfs+cap=96``); ``vllm-fcfs+cap*`` (``TUNED_VALVE``)
 is the valve at the best cap of a grid, searched per workload and load (``queue_cap_grid``,
-``best_queue_cap``) — an oracle no operator has, generous to the baseline.
+``best_queue_cap``, then ``refined_queue_caps`` around the best) — an oracle no operator has,
+generous to the baseline.
 
 Invariant: every policy replays through the very same engine loop and observer; only the
 scheduler, and for a valve the arrival gate in front of it, differ.
@@ -397,6 +398,26 @@ def best_queue_cap(good_by_cap: Mapping[int, int]) -> int:
     if not good_by_cap:
         raise ValueError("no caps to choose from")
     return max(good_by_cap, key=lambda cap: (good_by_cap[cap], cap))
+
+
+def refined_queue_caps(good_by_cap: Mapping[int, int]) -> list[int]:
+    """The tuned valve's second round: caps a third and two thirds of the way (geometrically)
+    from the best cap so far to each of its neighbours in the grid, not tried yet. The grid's
+    steps are up to 2× wide where the best caps were found (a peak between 40 and 80 seats, say),
+    so one round of refinement keeps the search from underselling the baseline by its
+    resolution."""
+    caps = sorted(good_by_cap)
+    best = best_queue_cap(good_by_cap)
+    i = caps.index(best)
+    out: set[int] = set()
+    for neighbour in (caps[i - 1] if i > 0 else None, caps[i + 1] if i + 1 < len(caps) else None):
+        if neighbour is None:
+            continue
+        for f in (1 / 3, 2 / 3):
+            cap = round(math.exp(math.log(best) + f * (math.log(neighbour) - math.log(best))))
+            if cap >= 1 and cap not in good_by_cap:
+                out.add(cap)
+    return sorted(out)
 
 
 @dataclass

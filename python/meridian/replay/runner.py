@@ -4,7 +4,8 @@ write the table, the JSON file and the plots.
 It owns the workload pipeline (load → window → reasoning lengths → classes → rate scale → limit,
 in that order, each step seeded and stated in the report), the fan-out of (load, policy) runs
 over worker processes, and the progress bar. The tuned valve (``TUNED_VALVE``) fans out into one
-run per cap of its grid at each load and reports the best. Invariant: every policy at a given load
+run per cap of its grid at each load, then one per cap of a refinement around the best
+(``refined_queue_caps``), and reports the best of them. Invariant: every policy at a given load
 replays the very same request list, on the same profile and with the same class targets.
 """
 
@@ -27,7 +28,7 @@ from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
 from meridian.replay.policies import (
     POLICIES, TUNED_VALVE, TUNED_VALVE_BASE, HostTier, WorkloadMeans, best_queue_cap, check_policy_name,
-    effective_seats, policy_spec, queue_cap_grid, replay_policy, with_queue_cap,
+    effective_seats, policy_spec, queue_cap_grid, refined_queue_caps, replay_policy, with_queue_cap,
 )
 from meridian.replay.profiles import Profile
 from meridian.replay.report import PolicyRun, plot_cdfs, plot_load_sweep, policy_run, table, write_json
@@ -211,26 +212,32 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     workload["rate_scales"] = list(options.rate_scales)
     workload["host_tier"] = None if host_tier is None else {
         "gib": options.host_tier_gib, "num_blocks": host_tier.num_blocks, "load_ms_per_token": host_tier.load_ms_per_token}
-    tuned_caps = tuned_valve_caps(requests, profile, options.meridian_config) if TUNED_VALVE in options.policies else []
-    jobs = [(name, scale) for scale in options.rate_scales for policy in options.policies
-            for name in ([with_queue_cap(POLICIES[TUNED_VALVE_BASE], c).name for c in tuned_caps]
-                         if policy == TUNED_VALVE else [policy])]
-    total = len(jobs) * len(requests)
-    bar = _progress_bar(total, options.progress)
-    num_workers = min(len(jobs), options.jobs or (os.cpu_count() or 1))
-    try:
+    plain = [(policy, scale) for scale in options.rate_scales for policy in options.policies if policy != TUNED_VALVE]
+    grid = tuned_valve_caps(requests, profile, options.meridian_config) if TUNED_VALVE in options.policies else []
+    valve = POLICIES[TUNED_VALVE_BASE]
+    bar = _progress_bar(len(requests) * (len(plain) + len(grid) * len(options.rate_scales)), options.progress)
+
+    def execute(jobs: list[tuple[str, float]]) -> list[PolicyRun]:
+        num_workers = min(len(jobs), options.jobs or (os.cpu_count() or 1))
         if num_workers <= 1:
-            runs = [
-                _run_one(p, s, requests, profile, options.meridian_config, options.cache_dir, host_tier, bar.update)
-                for p, s in jobs
-            ]
-        else:
-            runs = _run_parallel(jobs, requests, profile, host_tier, options, num_workers, bar.update)
+            return [_run_one(p, s, requests, profile, options.meridian_config, options.cache_dir, host_tier, bar.update)
+                    for p, s in jobs]
+        return _run_parallel(jobs, requests, profile, host_tier, options, num_workers, bar.update)
+
+    try:
+        runs = execute(plain)
+        # The tuned valve: its grid at every load, then one round of refinement around each best.
+        tuned: dict[float, dict[int, PolicyRun]] = {scale: {} for scale in options.rate_scales}
+        caps_of = {scale: list(grid) for scale in options.rate_scales}
+        for _round in range(2 if grid else 0):
+            jobs = [(with_queue_cap(valve, c).name, scale) for scale, caps in caps_of.items() for c in caps]
+            for (_name, scale), run, cap in zip(jobs, execute(jobs), [c for caps in caps_of.values() for c in caps]):
+                tuned[scale][cap] = run
+            caps_of = {scale: refined_queue_caps({c: int(r.summary["good"]) for c, r in tuned[scale].items()})
+                       for scale in options.rate_scales}
     finally:
         bar.close()
-    if tuned_caps:
-        runs = _pick_tuned(runs, options, tuned_caps)
-    return ReplayReport(workload=workload, profile=profile, runs=runs)
+    return ReplayReport(workload=workload, profile=profile, runs=_in_order(runs, tuned, options))
 
 
 def tuned_valve_caps(requests: Sequence[traces.TraceRequest], profile: Profile,
@@ -242,22 +249,20 @@ def tuned_valve_caps(requests: Sequence[traces.TraceRequest], profile: Profile,
     return queue_cap_grid(seats, never_binds_at=max(len(requests), 1))
 
 
-def _pick_tuned(runs: list[PolicyRun], options: ReplayOptions, caps: Sequence[int]) -> list[PolicyRun]:
-    """The runs in ``options.policies`` order per load, the tuned valve's grid folded into one
-    run per load: the cap that met every target for the most requests (``best_queue_cap``)."""
-    grid_names = {with_queue_cap(POLICIES[TUNED_VALVE_BASE], c).name: c for c in caps}
+def _in_order(runs: list[PolicyRun], tuned: dict[float, dict[int, PolicyRun]], options: ReplayOptions) -> list[PolicyRun]:
+    """The runs in ``options.policies`` order per load, the tuned valve's runs folded into one
+    per load: the cap that met every target for the most requests (``best_queue_cap``)."""
     out: list[PolicyRun] = []
     for scale in options.rate_scales:
-        at_scale = [r for r in runs if r.rate_scale == scale]
-        grid = {grid_names[r.policy]: r for r in at_scale if r.policy in grid_names}
         for policy in options.policies:
-            if policy == TUNED_VALVE:
-                best = grid[best_queue_cap({cap: int(r.summary["good"]) for cap, r in grid.items()})]
-                summary = {**best.summary, "policy": TUNED_VALVE,
-                           "tuned_queue_caps": {str(cap): int(r.summary["good"]) for cap, r in sorted(grid.items())}}
-                out.append(dataclasses.replace(best, policy=TUNED_VALVE, summary=summary))
-            else:
-                out += [r for r in at_scale if r.policy == policy][:1]
+            if policy != TUNED_VALVE:
+                out += [r for r in runs if r.rate_scale == scale and r.policy == policy][:1]
+                continue
+            caps = tuned[scale]
+            best = caps[best_queue_cap({cap: int(r.summary["good"]) for cap, r in caps.items()})]
+            summary = {**best.summary, "policy": TUNED_VALVE,
+                       "tuned_queue_caps": {str(cap): int(r.summary["good"]) for cap, r in sorted(caps.items())}}
+            out.append(dataclasses.replace(best, policy=TUNED_VALVE, summary=summary))
     return out
 
 
