@@ -324,9 +324,10 @@ class Job:
 
 #: Bump when what a result holds (``_result``) or how a scenario is built changes: the second for
 #: results of stock vLLM (which never shed: a change to the shed fields leaves them as they were).
-#: 4 / 2: results hold ``peak_in_flight``, ``refused``, ``shed_by`` and ``queue_cap``.
-RESULT_VERSION = 4
-STOCK_RESULT_VERSION = 2
+#: 4 / 2: results hold ``peak_in_flight``, ``refused``, ``shed_by`` and ``queue_cap``. 5 / 3: every
+#: request's ``max_tokens`` is the context after its prompt (``offline_requests``), not its length.
+RESULT_VERSION = 5
+STOCK_RESULT_VERSION = 3
 
 
 @functools.lru_cache(maxsize=64)
