@@ -86,16 +86,15 @@ os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
 # One reserved core, the count vLLM reserves without a connector, gives every configuration the
 # same layout.
 os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from live_ab import pack_round, spread  # noqa: E402
 
 from meridian.demo.loadgen import (  # noqa: E402
     RoundSettings,
     Workload,
     add_round_arguments,
+    pack_round,
     round_settings,
     run_round,
+    spread,
 )
 
 REPO = Path(__file__).resolve().parent.parent

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gzip
 import json
 import os
-import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -50,8 +48,10 @@ from meridian.demo.loadgen import (  # noqa: E402
     Workload,
     add_round_arguments,
     outputs_by_prompt,
+    pack_round,
     round_settings,
     run_round,
+    spread,
 )
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,10 +64,6 @@ def round_order(num_rounds: int) -> list[str]:
     """ABBA BAAB ...: each policy goes first and second equally often."""
     pattern = ["stock", "meridian", "meridian", "stock", "meridian", "stock", "stock", "meridian"]
     return [pattern[i % len(pattern)] for i in range(num_rounds)]
-
-
-def spread(xs: list[float]) -> float | None:
-    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 else None
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -98,22 +94,6 @@ def greedy_check(records: list[RecordTimes]) -> dict[str, Any]:
     outputs = outputs_by_prompt(records)
     differing = {p: sorted(t)[:3] for p, t in outputs.items() if len(t) > 1}
     return {"prompts": len(outputs), "differing": len(differing), "examples": dict(list(differing.items())[:3])}
-
-
-def pack_round(out: Path, name: str, records: list[RecordTimes]) -> None:
-    """Keeps a round's evidence small enough to commit: aiperf's per-request export and Meridian's
-    logs gzipped, the per-request times read from the raw export (class, TTFT, TTFO, answer gaps,
-    text) as ``records-NAME.jsonl.gz``; the raw export itself (every SSE chunk) is dropped."""
-    artifacts = out / f"aiperf-{name}"
-    with gzip.open(out / f"records-{name}.jsonl.gz", "wt") as f:
-        f.writelines(json.dumps(dataclasses.asdict(r)) + "\n" for r in records)
-    for path in [*artifacts.rglob("profile_export_raw.jsonl"), *artifacts.rglob("inputs.json")]:
-        path.unlink()
-    for path in [*artifacts.rglob("profile_export.jsonl"), out / f"steps-{name}.jsonl", out / f"requests-{name}.jsonl"]:
-        if path.exists():
-            with path.open("rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            path.unlink()
 
 
 def run_ab(args: argparse.Namespace, settings: RoundSettings) -> dict[str, Any]:

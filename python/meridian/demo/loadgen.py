@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+import gzip
 import json
+import math
 import os
 import random
 import shutil
@@ -29,13 +32,17 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meridian._core import SHED_MARKER
 from meridian.demo.server import VllmServer, stream_chat
-from meridian.offline.tiny import task_prompt
-from meridian.replay.policies import MERIDIAN, STOCK, additional_config
+from meridian.offline.tiny import MAX_ANSWER, MAX_THINK, task_prompt
+from meridian.replay.policies import MERIDIAN, POLICIES, STOCK, additional_config
 from meridian.vllm.names import MIDDLEWARE, SCHEDULER_CLS
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: aiperf's export names of the summary metrics a round reports, with the statistic taken.
 SUMMARY_METRICS = {
@@ -74,6 +81,21 @@ class LiveModel:
     #: least 5x its unloaded value, and enough requests for 30 s of arrivals at that rate.
     rate_rps: float
     num_requests: int
+    #: The longest countdown the fixture follows exactly (its task's largest number).
+    max_think: int = MAX_THINK
+    #: vLLM's ``--max-model-len``: the prompt and the longest completion.
+    max_model_len: int = 256
+    #: vLLM's ``--stream-interval``: tokens per streamed chunk after the first (sent at once).
+    #: Thousands of tokens a second streamed one a chunk saturate the core the API server and the
+    #: load generator share (measured: 88-98 % busy, TTFT ~1 s at an idle engine), so the long
+    #: model batches four — a first answer token arrives up to three decode steps late, alike for
+    #: every arm.
+    stream_interval: int = 1
+
+    @property
+    def max_tokens(self) -> int:
+        """Every request's ``max_tokens``: what the context leaves after the longest prompt."""
+        return self.max_model_len - 56
 
     def path(self, repo: Path) -> Path:
         return repo / self.folder
@@ -112,34 +134,115 @@ LIVE_MODELS = {
                       rate_rps=14.0, num_requests=420),
     "compute": LiveModel("compute", "tests/fixtures/compute-reasoner", kv_cache_tokens=512, classes=_classes(1.0),
                          rate_rps=12.0, num_requests=360),
+    # ``long``: the tiny model's shape, wider, counting down from up to 990 (its task's 999 less
+    # the top few it was rarely trained on): heavy-tailed reasoning of up to ~1,000 tokens. Its
+    # cache holds two of the longest requests, or sixteen of the median one several times over.
+    "long": LiveModel("long", "tests/fixtures/long-reasoner", kv_cache_tokens=2_048, classes=_classes(1.0),
+                      rate_rps=20.0, num_requests=480, max_think=990, max_model_len=1_088, stream_interval=4),
 }
+
+
+#: The reasoning-length families of the live workload (``Workload.lengths``). ``uniform``: think
+#: 20–99 countdown steps and answer 5–26 letters, no tail (the A/B's first workload). The two
+#: heavy-tailed ones are production-shaped and scaled onto the tiny model's range: each draws
+#: (thinking, answer) tokens from its source and multiplies both by one factor per family, chosen
+#: so that the family's thinking p99 becomes the model's longest countdown (``LiveModel.max_think``
+#: tokens: 99 for ``tiny``, 990 for ``long``) — the shape (p99/p50, the modes) is the source's,
+#: the scale the model's. ``servegen``: production DeepSeek-R1 traffic (ServeGen's client-windows, REASONING.md
+#: §1a, thinking p99/p50 ≈ 18). ``benchmark``: a math "reasoning app" mix, 80 % MATH-500-like and
+#: 20 % AIME-like requests (log-normal fits of §1c's DeepSeek-R1-Distill-32B quantiles: thinking
+#: p50 430 / p90 4,200 and p50 5,300 / p90 11,400 tokens; answers p50 360 / p90 530). The two
+#: heavy families come from different sources, so a default tuned on one is checked on the other.
+LENGTH_FAMILIES = ("uniform", "servegen", "benchmark")
+#: Draws behind each heavy family's scale factor (its thinking p99), from a fixed seed.
+_SCALE_SAMPLES = 20_000
+def _lognormal(rng: np.random.Generator, n: int, p50: float, p90: float) -> npt.NDArray[np.float64]:
+    """``n`` log-normal draws with the given median and 90th percentile."""
+    import numpy as np
+
+    sigma = math.log(p90 / p50) / 1.2815515655446004
+    return np.asarray(rng.lognormal(math.log(p50), sigma, n), dtype=np.float64)
+
+
+def family_tokens(family: str, rng: np.random.Generator, n: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """(thinking, answer) tokens of ``n`` requests of a heavy family, at the source's scale."""
+    import numpy as np
+
+    if family == "servegen":
+        from meridian.replay.reasoning import ServeGenLengths
+
+        think, answer = ServeGenLengths.default().sample_many(rng, n)
+        return think.astype(np.float64), answer.astype(np.float64)
+    if family == "benchmark":
+        hard = rng.random(n) < 0.2
+        think = np.where(hard, _lognormal(rng, n, 5_300.0, 11_400.0), _lognormal(rng, n, 430.0, 4_200.0))
+        return think, _lognormal(rng, n, 360.0, 530.0)
+    raise ValueError(f"unknown length family {family!r}: expected one of {', '.join(LENGTH_FAMILIES)}")
+
+
+@functools.cache
+def family_p99_tokens(family: str) -> float:
+    """A heavy family's thinking p99 in source tokens (from a fixed seed)."""
+    import numpy as np
+
+    think, _ = family_tokens(family, np.random.default_rng(12345), _SCALE_SAMPLES)
+    return float(np.percentile(think, 99))
+
+
+def task_lengths(family: str, n: int, seed: int, max_think: int = MAX_THINK) -> list[tuple[int, int]]:
+    """(countdown steps, answer letters) of ``n`` requests of a length family, seeded, for a model
+    that counts down from up to ``max_think``: a heavy family's thinking p99 becomes that."""
+    if family == "uniform":
+        rng = random.Random(seed)
+        return [(rng.randint(20, 99), rng.randint(5, 26)) for _ in range(n)]
+    import numpy as np
+
+    think, answer = family_tokens(family, np.random.default_rng(seed), n)
+    # Countdown steps per source token. Greedy decoding never picks a filler (each is drawn with
+    # probability 0.35 in training), so a step is one token and the answer is scaled alike.
+    scale = max_think / family_p99_tokens(family)
+    steps = np.clip(np.rint(think * scale), 1, max_think).astype(int)
+    letters = np.clip(np.rint(answer * scale), 1, MAX_ANSWER).astype(int)
+    return list(zip(steps.tolist(), letters.tolist(), strict=True))
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Seeded open-loop reasoning requests: Poisson arrivals at ``rate_rps``, think 20–99 and
-    answer 5–26 tokens, classes drawn by their shares."""
+    """Seeded open-loop reasoning requests: Poisson arrivals at ``rate_rps``, reasoning and answer
+    lengths from a family of ``LENGTH_FAMILIES``, classes drawn by their shares."""
 
     num_requests: int
     rate_rps: float
     classes: tuple[ClassTargets, ...]
     seed: int = 0
+    lengths: str = "uniform"
+    #: The model's longest countdown (``LiveModel.max_think``): a heavy family's p99 maps onto it.
+    max_think: int = MAX_THINK
+    #: Every request's ``max_tokens``: one value for all, above the longest completion, so that
+    #: no scheduler learns a request's length from its limit.
+    max_tokens: int = 200
 
     def __post_init__(self) -> None:
         if self.num_requests < 1:
             raise ValueError(f"a live workload needs at least one request, got num_requests={self.num_requests}")
         if not self.rate_rps > 0:
             raise ValueError(f"a live workload needs a positive arrival rate, got rate_rps={self.rate_rps}")
+        if self.lengths not in LENGTH_FAMILIES:
+            raise ValueError(f"unknown length family lengths={self.lengths!r}: expected one of {', '.join(LENGTH_FAMILIES)}")
 
     def entries(self) -> list[dict[str, Any]]:
         rng = random.Random(self.seed)
+        # The uniform family keeps its original draws (lengths, then class, then gap, per request).
+        lengths = None if self.lengths == "uniform" else task_lengths(self.lengths, self.num_requests, self.seed, self.max_think)
         t_ms, out = 0.0, []
         names, shares = [c.name for c in self.classes], [c.share for c in self.classes]
-        for _ in range(self.num_requests):
-            think, answer = rng.randint(20, 99), rng.randint(5, 26)
+        ranks = {c.name: c.rank for c in self.classes}
+        for k in range(self.num_requests):
+            think, answer = (rng.randint(20, 99), rng.randint(5, 26)) if lengths is None else lengths[k]
             cls = rng.choices(names, shares)[0]
-            out.append({"text": task_prompt(think, answer), "timestamp": round(t_ms, 1), "output_length": 200,
-                        "extra": {"temperature": 0.0, "vllm_xargs": {"meridian_class": cls}}})
+            # ``priority`` for vLLM's priority scheduler (the class's rank); Meridian reads the class.
+            out.append({"text": task_prompt(think, answer), "timestamp": round(t_ms, 1), "output_length": self.max_tokens,
+                        "extra": {"temperature": 0.0, "priority": ranks[cls], "vllm_xargs": {"meridian_class": cls}}})
             t_ms += rng.expovariate(self.rate_rps) * 1000.0
         return out
 
@@ -156,18 +259,59 @@ def find_aiperf(repo: Path) -> Path:
     raise FileNotFoundError("no aiperf found ($AIPERF, .venv-bench/bin/aiperf, PATH): run `make bench-live-setup`")
 
 
-def server_args(policy: str, model: LiveModel, repo: Path, *, step_log: Path | None = None,
+#: vLLM's own load valve (``--max-num-queued-reqs``, 0.32+): its 503 answer's message, which
+#: carries no ``Retry-After`` and names no class.
+VALVE_MESSAGE = "The engine is currently busy and cannot accept new requests"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One server configuration a live benchmark compares: a policy (``stock`` / ``vllm-fcfs``,
+    ``vllm-priority`` for vLLM's own scheduler, ``meridian``) and, for vLLM's, optionally its own
+    load valve (``--max-num-queued-reqs``: HTTP 503 once that many requests are unfinished)."""
+
+    name: str
+    policy: str
+    max_num_queued_reqs: int | None = None
+    #: For ``meridian``: keys merged over the round's Meridian config (a variant under test).
+    meridian_config: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in (MERIDIAN.name, STOCK.name, "stock", "vllm-priority"):
+            raise ValueError(f"unknown live policy {self.policy!r}: expected {MERIDIAN.name!r}, {STOCK.name!r}, "
+                             f"'stock' or 'vllm-priority'")
+        if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 1:
+            raise ValueError(f"arm {self.name!r}: max_num_queued_reqs={self.max_num_queued_reqs} must be at least 1")
+
+
+def little_law_queue_cap(capacity_rps: float, ttft_target_ms: float, max_num_seqs: int = MAX_NUM_SEQS) -> int:
+    """The valve's cap as vLLM's docs size it: every seat (``max_num_seqs``) plus the queue that
+    drains within the tightest TTFT target at the measured completion rate (Little's law)."""
+    if not capacity_rps > 0 or not ttft_target_ms > 0:
+        raise ValueError(f"sizing a queue cap needs a positive rate and target, got {capacity_rps} req/s, {ttft_target_ms} ms")
+    return max_num_seqs + max(1, round(capacity_rps * ttft_target_ms / 1000.0))
+
+
+def server_args(policy: str | Arm, model: LiveModel, repo: Path, *, step_log: Path | None = None,
                 request_log: Path | None = None, meridian_config: dict[str, Any] | None = None) -> list[str]:
-    """``vllm serve`` arguments after the model; only the scheduler differs between policies.
-    ``policy``: ``meridian``, or ``stock`` / ``vllm-fcfs`` for vLLM's own scheduler."""
-    if policy not in (MERIDIAN.name, STOCK.name, "stock"):
-        raise ValueError(f"unknown live policy {policy!r}: expected {MERIDIAN.name!r}, {STOCK.name!r} or 'stock'")
-    spec = MERIDIAN if policy == MERIDIAN.name else STOCK
-    args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", str(BLOCK_SIZE_TOKENS),
+    """``vllm serve`` arguments after the model; only the scheduler (and an arm's valve) differs
+    between arms. ``policy``: an ``Arm``, or a policy name (``meridian``, ``stock`` / ``vllm-fcfs``,
+    ``vllm-priority``) for that policy without a valve."""
+    arm = policy if isinstance(policy, Arm) else Arm(policy, policy)
+    if arm.policy == "vllm-priority":
+        spec = POLICIES["vllm-priority"]
+    else:
+        spec = MERIDIAN if arm.policy == MERIDIAN.name else STOCK
+    args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", str(model.max_model_len), "--block-size", str(BLOCK_SIZE_TOKENS),
             "--kv-cache-memory-bytes", str(model.kv_cache_bytes(repo)), "--max-num-seqs", str(MAX_NUM_SEQS),
             "--reasoning-parser", "deepseek_r1", "--scheduling-policy", spec.vllm_policy]
+    if model.stream_interval != 1:
+        args += ["--stream-interval", str(model.stream_interval)]
+    if arm.max_num_queued_reqs is not None:
+        args += ["--max-num-queued-reqs", str(arm.max_num_queued_reqs)]
     if spec.meridian_policy is not None:
-        config: dict[str, Any] = {"classes": model.meridian_classes(), "default_class": "standard", **(meridian_config or {})}
+        config: dict[str, Any] = {"classes": model.meridian_classes(), "default_class": "standard", **(meridian_config or {}),
+                                  **(arm.meridian_config or {})}
         if step_log is not None:
             config["step_log_path"] = str(step_log)
         if request_log is not None:
@@ -242,14 +386,30 @@ class RecordTimes:
     num_output_tokens: int
     #: The generated text, from the raw export only (``parse_raw_record``); ``None`` otherwise.
     text: str | None = None
-    #: Refused by Meridian's triage before its first token (HTTP 503 with the shed notice): a
-    #: missed request, not a failure.
+    #: Refused under load before its first token (Meridian's HTTP 503 with the shed notice, or
+    #: vLLM's valve's 503): a missed request, not a failure.
     shed: bool = False
+    #: For a refused request: ms from its send to the refusal's arrival (the notice time).
+    notice_ms: float | None = None
+    #: Refused by vLLM's valve inside a 200 stream (see ``VALVE_IN_STREAM``); counted in ``shed``.
+    refused_in_stream: bool = False
+    #: The error aiperf recorded, cut short (``None`` for a request that succeeded).
+    error: str | None = None
+    #: ms from its send to its last byte (aiperf's request latency), for a completed request.
+    latency_ms: float | None = None
+    #: Thinking and answer tokens the server reported (aiperf's usage counts; ``None`` unknown).
+    num_think_tokens: int | None = None
+    num_answer_tokens: int | None = None
 
 
 def is_shed_error(error: Any) -> bool:
-    """Whether an aiperf error record (``ErrorDetails``, as JSON) is Meridian's shed answer."""
-    return isinstance(error, dict) and SHED_MARKER in str(error.get("message") or "")
+    """Whether an aiperf error record (``ErrorDetails``, as JSON) is a refusal under load: Meridian's
+    shed answer, or vLLM's own valve's 503 (``--max-num-queued-reqs``). A refusal is a missed
+    request, not a failure."""
+    if not isinstance(error, dict):
+        return False
+    message = str(error.get("message") or "")
+    return SHED_MARKER in message or (error.get("code") == 503 and VALVE_MESSAGE in message)
 
 
 def _metric(metrics: dict[str, Any], name: str) -> Any:
@@ -267,15 +427,26 @@ def parse_record(record: dict[str, Any], payloads: dict[str, dict[str, Any]]) ->
     answer_itl_ms = None
     if latency_ms is not None and ttfo_ms is not None and answer_tokens > 1:
         answer_itl_ms = (latency_ms - ttfo_ms) / (answer_tokens - 1)
+    shed = is_shed_error(record.get("error"))
+    metadata = record.get("metadata") or {}
+    notice_ms = None
+    if shed and metadata.get("request_end_ns") is not None and metadata.get("request_start_ns") is not None:
+        notice_ms = (int(metadata["request_end_ns"]) - int(metadata["request_start_ns"])) * 1e-6
+    think_tokens = _metric(metrics, "reasoning_token_count")
     return RecordTimes(
         meridian_class=str((payload.get("vllm_xargs") or {}).get("meridian_class", "")),
         prompt=str(((payload.get("messages") or [{}])[-1]).get("content", "")),
         ok=record.get("error") is None,
-        shed=is_shed_error(record.get("error")),
+        shed=shed,
         ttft_ms=_metric(metrics, "time_to_first_token"),
         ttfo_ms=ttfo_ms,
         answer_itl_ms=answer_itl_ms,
         num_output_tokens=int(_metric(metrics, "output_sequence_length") or 0),
+        notice_ms=notice_ms,
+        error=None if record.get("error") is None else str((record["error"] or {}).get("message"))[:200],
+        latency_ms=latency_ms if record.get("error") is None else None,
+        num_think_tokens=None if think_tokens is None else int(think_tokens),
+        num_answer_tokens=answer_tokens if record.get("error") is None else None,
     )
 
 
@@ -347,10 +518,13 @@ def record_metrics(records: list[RecordTimes], classes: Iterable[ClassTargets], 
     for name in by_name:
         mine = [(r, g) for r, g in zip(records, good) if r.meridian_class == name]
         ttfo = [r.ttfo_ms for r, _ in mine if r.ttfo_ms is not None]
+        notices = [r.notice_ms for r, _ in mine if r.notice_ms is not None]
         per_class[name] = {
-            "requests": len(mine), "good": sum(g for _, g in mine),
+            "requests": len(mine), "good": sum(g for _, g in mine), "shed": sum(r.shed for r, _ in mine),
             "ttfo_p50_ms": float(np.percentile(ttfo, 50)) if ttfo else None,
             "ttfo_p99_ms": float(np.percentile(ttfo, 99)) if ttfo else None,
+            "notice_p99_ms": float(np.percentile(notices, 99)) if notices else None,
+            "notices_past_ttft_target": sum(n > by_name[name].ttft_ms for n in notices),
         }
     return {
         "good_requests": sum(good),
@@ -359,13 +533,23 @@ def record_metrics(records: list[RecordTimes], classes: Iterable[ClassTargets], 
         "answer_itl_p99_ms": float(np.percentile(itl, 99)) if itl else None,
         "failed_in_records": sum(not r.ok and not r.shed for r in records),
         "shed": sum(r.shed for r in records),
+        "shed_in_stream": sum(r.refused_in_stream for r in records),
         "empty_responses": sum(r.ok and r.num_output_tokens == 0 for r in records),
         "per_class": per_class,
     }
 
 
-def read_export(artifacts: Path, classes: Iterable[ClassTargets]) -> tuple[dict[str, Any], list[RecordTimes]]:
-    """One round's row from aiperf's summary and per-request exports, and its records."""
+#: What aiperf records for a 200 stream that carried no token but an error event: how vLLM 0.32's
+#: valve answers a streaming request it refuses after the request passed its pre-flight check —
+#: concurrent arrivals race between the two checks (seen: ``data: {"error": {... "code": 503}}``
+#: in a 200 response, for 7 of 10 simultaneous requests against a cap of 2). A router sees a 200.
+VALVE_IN_STREAM = "No responses with actual content"
+
+
+def read_export(artifacts: Path, classes: Iterable[ClassTargets], *,
+                valve: bool = False) -> tuple[dict[str, Any], list[RecordTimes]]:
+    """One round's row from aiperf's summary and per-request exports, and its records. ``valve``:
+    the server ran vLLM's valve, so an empty stream is its refusal (``VALVE_IN_STREAM``), a shed."""
     found = sorted(artifacts.rglob("profile_export_aiperf.json"))
     if not found:
         raise RuntimeError(f"aiperf wrote no profile_export_aiperf.json under {artifacts}")
@@ -376,10 +560,14 @@ def read_export(artifacts: Path, classes: Iterable[ClassTargets]) -> tuple[dict[
         row[name] = value.get(stat) if isinstance(value, dict) else None
     errors = export.get("error_summary") or []
     # Shed requests are answered 503 on purpose: counted in ``shed`` (from the records), not here.
-    errors = [e for e in errors if not is_shed_error(e.get("error_details"))]
+    in_stream = [e for e in errors if valve and VALVE_IN_STREAM in str((e.get("error_details") or {}).get("message"))]
+    errors = [e for e in errors if not is_shed_error(e.get("error_details")) and e not in in_stream]
     row["errors"] = sum(int(e.get("count", 1)) for e in errors)
     row["error_kinds"] = [str(e.get("error_details", e))[:200] for e in errors]
     records = read_records(artifacts)
+    if valve:
+        records = [dataclasses.replace(r, shed=True, refused_in_stream=True)
+                   if not r.ok and not r.shed and VALVE_IN_STREAM in (r.error or "") else r for r in records]
     row.update(record_metrics(records, classes, row["duration_s"] or 0.0))
     return row, records
 
@@ -397,6 +585,29 @@ def outputs_by_prompt(records: Iterable[RecordTimes]) -> dict[str, set[str]]:
         if r.ok and r.text is not None:
             out.setdefault(r.prompt, set()).add(" ".join(r.text.split()))
     return out
+
+
+def pack_round(out: Path, name: str, records: list[RecordTimes]) -> None:
+    """Keeps a round's evidence small enough to commit: aiperf's per-request export and Meridian's
+    logs gzipped, the per-request times read from the raw export (class, TTFT, TTFO, answer gaps,
+    text) as ``records-NAME.jsonl.gz``; the raw export itself (every SSE chunk) is dropped."""
+    artifacts = out / f"aiperf-{name}"
+    with gzip.open(out / f"records-{name}.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(dataclasses.asdict(r)) + "\n" for r in records)
+    for path in [*artifacts.rglob("profile_export_raw.jsonl"), *artifacts.rglob("inputs.json")]:
+        path.unlink()
+    for path in [*artifacts.rglob("profile_export.jsonl"), out / f"steps-{name}.jsonl", out / f"requests-{name}.jsonl"]:
+        if path.exists():
+            with path.open("rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+            path.unlink()
+
+
+def spread(xs: list[float]) -> float | None:
+    """(max − min) / median of a metric over rounds: how far apart they fell (``None`` for one)."""
+    import statistics
+
+    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 and statistics.median(xs) else None
 
 
 # ---- one round -------------------------------------------------------------------------------
@@ -423,7 +634,7 @@ class RoundSettings:
     server_metrics: tuple[str, ...] = ()
 
 
-def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundSettings,
+def run_round(name: str, policy: str | Arm, dataset: Path, out: Path, settings: RoundSettings,
               on_phase: Callable[[str], None] = lambda phase: None,
               on_tick: Callable[[float], None] = lambda elapsed_s: None) -> tuple[dict[str, Any], list[RecordTimes]]:
     """A fresh server for ``policy``, a few untimed warm-up requests, aiperf's timed replay of
@@ -464,8 +675,9 @@ def run_round(name: str, policy: str, dataset: Path, out: Path, settings: RoundS
         preemptions = metric_sum(srv.base_url, "vllm:num_preemptions_total")
         metrics_after = settled_metric_sums(srv.base_url, settings.server_metrics) if settings.server_metrics else {}
         speed_after_ms = speed_probe_ms(engine_cpus)
-        row, records = read_export(artifacts, settings.model.classes)
-        row.update({"policy": policy, "wall_s": wall_s, "placement": placement,
+        row, records = read_export(artifacts, settings.model.classes,
+                                   valve=isinstance(policy, Arm) and policy.max_num_queued_reqs is not None)
+        row.update({"policy": policy.name if isinstance(policy, Arm) else policy, "wall_s": wall_s, "placement": placement,
                     "preemptions": preemptions, "cpu_busy_pct": busy.mean(),
                     "speed_probe_ms": {"before": speed_before_ms, "after": speed_after_ms}})
         if settings.server_metrics:
@@ -484,19 +696,30 @@ CAPACITY_BURST_RATE_RPS = 1_000.0
 
 def measure_capacity_rps(policy: str, out: Path, settings: RoundSettings,
                          num_requests: int = CAPACITY_BURST_REQUESTS,
-                         on_phase: Callable[[str], None] = lambda phase: None) -> float:
+                         on_phase: Callable[[str], None] = lambda phase: None, lengths: str = "uniform") -> float:
     """Requests per second a fresh ``policy`` server completes with a standing queue: aiperf sends
     ``num_requests`` of the workload's mix (another seed than the timed load's) at once, and the
     completed ones are divided by aiperf's benchmark duration. A rate is past the knee when it
     exceeds this; the machine's speed moves it (1.6x between 2026-12-01 and 2026-12-05), so a
-    fixed rate is not."""
+    fixed rate is not. ``lengths``: the workload's length family (``LENGTH_FAMILIES``)."""
     dataset = out / "capacity-burst.jsonl"
-    dataset.write_text(Workload(num_requests, CAPACITY_BURST_RATE_RPS, settings.model.classes, seed=1).jsonl())
+    dataset.write_text(Workload(num_requests, CAPACITY_BURST_RATE_RPS, settings.model.classes, seed=1, lengths=lengths,
+                                max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl())
     row, records = run_round(f"capacity-{policy}", policy, dataset, out, settings, on_phase=on_phase)
     completed = sum(1 for r in records if r.ok and r.ttfo_ms is not None)
     if not completed or not row["duration_s"]:
         raise RuntimeError(f"the capacity burst completed no request ({row['error_kinds']}); logs under {out}")
-    return completed / float(row["duration_s"])
+    if lengths == "uniform":
+        return completed / float(row["duration_s"])
+    # Under a heavy tail the burst's last request alone decides its duration (a 990-token
+    # thinker runs on for seconds after the queue has drained): the rate is read where nine in
+    # ten of the burst had finished, while the queue still stood.
+    import numpy as np
+
+    done_ms = [r.latency_ms for r in records if r.ok and r.latency_ms is not None]
+    if not done_ms:
+        raise RuntimeError(f"the capacity burst's export has no request latency; logs under {out}")
+    return 0.9 * len(done_ms) / (float(np.percentile(done_ms, 90)) / 1000.0)
 
 
 #: A fixed single-threaded load for the speed probe: interpreter work (what the tiny model's

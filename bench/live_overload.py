@@ -1,0 +1,192 @@
+"""Live overload with heavy-tailed reasoning: vLLM's OpenAI server (CPU build) serving the tiny
+reasoner under aiperf, past its knee, in several arms side by side — stock vLLM, stock with vLLM's
+own load valve (``--max-num-queued-reqs``, sized as vLLM's docs advise: every seat plus the queue
+that drains within the tightest TTFT target at the measured rate), vLLM's priority scheduler with
+the same valve, and Meridian with its middleware and defaults.
+
+The rate is calibrated on the machine first (a stock server's completions under a burst of the
+same length family, ``measure_capacity_rps``) and each load is a multiple of it. Every round runs a
+fresh server; the arms rotate (round k starts with arm k mod n), so each goes first equally often.
+Per load and arm the table gives the medians over rounds of the requests meeting every target of
+their class (a refusal — Meridian's shed or the valve's 503 — is a miss), per class, with the
+rounds' range, the refusals and their notice times, failures and output tokens/s; the ratios are
+Meridian's medians over each baseline's, measured side by side in one run.
+
+    .venv/bin/python bench/live_overload.py [--lengths servegen] [--loads 1.2,1.5,2] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+# See bench/live_ab.py: the server keeps idle connections longer than aiperf's pool does.
+os.environ.setdefault("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "60")
+
+from meridian.demo.loadgen import (  # noqa: E402
+    LENGTH_FAMILIES,
+    Arm,
+    RoundSettings,
+    Workload,
+    add_round_arguments,
+    little_law_queue_cap,
+    measure_capacity_rps,
+    pack_round,
+    round_settings,
+    run_round,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+#: The arms, by the names the command line takes. ``+cap``: vLLM's valve at the Little's-law cap.
+ARM_POLICIES = {"stock": "stock", "fcfs+cap": "stock", "priority+cap": "vllm-priority", "meridian": "meridian",
+                "priority": "vllm-priority"}
+DEFAULT_ARMS = ("stock", "fcfs+cap", "priority+cap", "meridian")
+
+
+def make_arms(names: list[str], cap: int, variants: dict[str, dict[str, Any]]) -> list[Arm]:
+    """The arms by name; ``meridian:NAME`` is Meridian with the variant ``NAME`` of ``--variant``."""
+    arms = []
+    for name in names:
+        if name.startswith("meridian:"):
+            variant = name.split(":", 1)[1]
+            if variant not in variants:
+                raise ValueError(f"arm {name!r} names no --variant {variant}=JSON")
+            arms.append(Arm(name, "meridian", meridian_config=variants[variant]))
+            continue
+        if name not in ARM_POLICIES:
+            raise ValueError(f"unknown arm {name!r}: expected one of {', '.join(ARM_POLICIES)} or meridian:VARIANT")
+        arms.append(Arm(name, ARM_POLICIES[name], cap if name.endswith("+cap") else None))
+    return arms
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, config = text.partition("=")
+    return name, json.loads(config)
+
+
+def rotated(arms: list[Arm], k: int) -> list[Arm]:
+    """Round ``k``'s order: the arms rotated by ``k``, so each goes first equally often."""
+    return arms[k % len(arms):] + arms[: k % len(arms)]
+
+
+def summarize(rows: list[dict[str, Any]], arms: list[Arm], class_names: list[str]) -> dict[str, Any]:
+    """Per arm: medians over rounds (all and per class), their range; Meridian over each other arm."""
+    out: dict[str, Any] = {}
+    for arm in arms:
+        mine = [r for r in rows if r["policy"] == arm.name]
+        good = [r["good_requests"] for r in mine]
+        per_class = {c: [r["per_class"][c]["good"] for r in mine] for c in class_names}
+        shed = [r["shed"] for r in mine]
+        notices = [r["per_class"][c]["notice_p99_ms"] for r in mine for c in class_names
+                   if r["per_class"][c]["notice_p99_ms"] is not None]
+        out[arm.name] = {
+            "rounds": len(mine), "good": statistics.median(good), "good_range": [min(good), max(good)],
+            "good_per_round": good,
+            "per_class": {c: {"median": statistics.median(v), "range": [min(v), max(v)]} for c, v in per_class.items()},
+            "shed_median": statistics.median(shed),
+            "notice_p99_ms_max": max(notices) if notices else None,
+            "notices_past_ttft_target": sum(r["per_class"][c]["notices_past_ttft_target"] for r in mine for c in class_names),
+            "failed": sum(r["errors"] + r["failed_in_records"] for r in mine),
+            "output_tok_s": statistics.median([r["output_tok_s"] for r in mine if r.get("output_tok_s") is not None] or [0.0]),
+            "speed_probe_ms": [r["speed_probe_ms"] for r in mine],
+        }
+    if "meridian" in out:
+        ours = out["meridian"]
+        out["meridian_over"] = {
+            arm.name: {
+                "good": ours["good"] / out[arm.name]["good"] if out[arm.name]["good"] else None,
+                **{c: (ours["per_class"][c]["median"] / out[arm.name]["per_class"][c]["median"]
+                       if out[arm.name]["per_class"][c]["median"] else None) for c in class_names},
+                "output_tok_s": ours["output_tok_s"] / out[arm.name]["output_tok_s"] if out[arm.name]["output_tok_s"] else None,
+            }
+            for arm in arms if arm.name != "meridian"
+        }
+    return out
+
+
+def print_round(load: float, k: int, row: dict[str, Any], class_names: list[str]) -> None:
+    per = " ".join(f"{c[:5]} {row['per_class'][c]['good']}/{row['per_class'][c]['requests']}" for c in class_names)
+    print(f"load {load:g}x round {k} {row['policy']:13s} good {row['good_requests']:3d}/{row['requests']:.0f} ({per})  "
+          f"shed {row['shed']}  failed {row['errors'] + row['failed_in_records']}  {row['output_tok_s']:.0f} tok/s  "
+          f"lag p99 {row['sched_lag_p99_ms'] or 0:.0f} ms  probe {row['speed_probe_ms']['before']:.0f}/"
+          f"{row['speed_probe_ms']['after']:.0f} ms", flush=True)
+
+
+def print_summary(load: float, summary: dict[str, Any], arms: list[Arm], class_names: list[str]) -> None:
+    print(f"== load {load:g}x: requests meeting every target of their class, medians [range] over rounds")
+    for arm in arms:
+        s = summary[arm.name]
+        per = "  ".join(f"{c} {s['per_class'][c]['median']:g} [{s['per_class'][c]['range'][0]}-{s['per_class'][c]['range'][1]}]"
+                        for c in class_names)
+        print(f"  {arm.name:13s} all {s['good']:g} [{s['good_range'][0]}-{s['good_range'][1]}]  {per}  shed {s['shed_median']:g}  "
+              f"failed {s['failed']}  notices past TTFT target {s['notices_past_ttft_target']}  {s['output_tok_s']:.0f} tok/s")
+    for name, ratios in summary.get("meridian_over", {}).items():
+        print(f"  meridian / {name}: " + "  ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_round_arguments(parser)
+    parser.set_defaults(model="long")
+    parser.add_argument("--lengths", choices=LENGTH_FAMILIES, default="servegen", help="reasoning-length family")
+    parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[1.2, 1.5, 2.0],
+                        help="arrival rates as multiples of the measured capacity")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per arm and load")
+    parser.add_argument("--arms", type=lambda s: s.split(","), default=list(DEFAULT_ARMS))
+    parser.add_argument("--capacity-rps", type=float, default=None, help="skip the calibration burst")
+    parser.add_argument("--cap", type=int, default=None, help="the valve's cap (default: Little's law)")
+    parser.add_argument("--seed", type=int, default=0, help="the workloads' seed (each load adds its index)")
+    parser.add_argument("--schedule-s", type=float, default=20.0,
+                        help="seconds of arrivals per round (the request count follows the rate; --requests fixes it)")
+    parser.add_argument("--variant", type=parse_variant, action="append", default=[],
+                        help="NAME=JSON: a Meridian config variant, run as the arm meridian:NAME")
+    parser.add_argument("--meridian-config", type=json.loads, default={},
+                        help="JSON merged into Meridian's config, e.g. '{\"overload\": {...}}'")
+    args = parser.parse_args()
+    args.requests_given = args.requests
+    try:
+        settings: RoundSettings = round_settings(args, REPO, f"live_overload_{args.lengths}",
+                                                 meridian_config=args.meridian_config)
+    except FileNotFoundError as e:
+        print(e, file=sys.stderr)
+        return 2
+    classes = settings.model.classes
+    class_names = [c.name for c in classes]
+    capacity = args.capacity_rps or measure_capacity_rps("stock", args.out, settings, lengths=args.lengths)
+    cap = args.cap or little_law_queue_cap(capacity, min(c.ttft_ms for c in classes))
+    arms = make_arms(args.arms, cap, dict(args.variant))
+    print(f"capacity {capacity:.1f} req/s (stock, burst of the {args.lengths} family); valve cap {cap}", flush=True)
+    result: dict[str, Any] = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                              "capacity_rps": capacity, "cap": cap, "loads": {}}
+    for i, load in enumerate(args.loads):
+        rate = round(load * capacity, 2)
+        num_requests = args.requests_given or max(1, round(rate * args.schedule_s))
+        dataset = args.out / f"workload-{load:g}x.jsonl"
+        dataset.write_text(Workload(num_requests, rate, classes, seed=args.seed + i, lengths=args.lengths,
+                                    max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl())
+        rows = []
+        for k in range(args.rounds):
+            for arm in rotated(arms, k):
+                name = f"{load:g}x-{k}-{arm.name}"
+                row, recs = run_round(name, arm, dataset, args.out, settings)
+                pack_round(args.out, name, recs)
+                row.update({"round": k, "load": load, "rate_rps": rate})
+                rows.append(row)
+                print_round(load, k, row, class_names)
+        summary = summarize(rows, arms, class_names)
+        print_summary(load, summary, arms, class_names)
+        result["loads"][f"{load:g}"] = {"rate_rps": rate, "rounds": rows, "summary": summary}
+        (args.out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(f"wrote {args.out / 'results.json'} ({time.strftime('%H:%M')})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
