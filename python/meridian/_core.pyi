@@ -4,8 +4,8 @@ from collections.abc import Sequence
 from typing import Final, Literal, final
 
 __all__ = [
-    "__version__", "CLASS_ARG", "POLICY_NAMES", "SHED_MARKER", "SHED_REASONS", "THINKING_STOP_RULES", "THINKING_ARG",
-    "THINKING_BUDGET_ARG", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
+    "__version__", "ARRIVAL_SNAPSHOT_FORMAT", "CLASS_ARG", "POLICY_NAMES", "SHED_MARKER", "SHED_REASONS", "THINKING_STOP_RULES", "THINKING_ARG",
+    "THINKING_BUDGET_ARG", "ArrivalGate", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
     "ThinkingStream", "check_request_args", "config_schema", "kernel_source", "parse_shed_notice",
 ]
 __version__: str
@@ -70,6 +70,14 @@ class Config:
     def metrics(self) -> bool: ...
     @property
     def policy(self) -> Literal["meridian", "answer_first", "pascal", "uniboost", "scorpio"]: ...
+    @property
+    def warm_start(self) -> bool: ...
+    @property
+    def warm_start_path(self) -> str | None: ...
+    @property
+    def admits_at_arrival(self) -> bool:
+        """Whether the API server refuses requests at arrival (the ``meridian`` policy,
+        ``overload.admit_at_arrival`` and a class that sheds); the engine publishes its queue then."""
     def resolve_tool_call_markers(self, found: list[int | None]) -> list[int]:
         """The tool-call marker ids, given per configured marker (in order) its single token id in
         the model's vocabulary, or ``None`` when it is not one token.
@@ -89,6 +97,33 @@ class Config:
     def thinking_stream_wanted(self, slo_class: str, control: ThinkingControl) -> bool:
         """Whether a request of the class under ``control`` needs its thinking followed token by
         token: a rule is on, or the class degrades under overload."""
+
+#: The format tag of an engine's published queue (``Meridian.arrival_snapshot``).
+ARRIVAL_SNAPSHOT_FORMAT: Final = "meridian-arrival/1"
+
+@final
+class ArrivalGate:
+    """The API server's admission at arrival: refuses a request of a ``shed`` class whose wait for
+    its first token, behind the queue the engines published and what the gate admitted since,
+    would pass its TTFT target (times ``overload.arrival_wait_ttft_factor``)."""
+
+    def __new__(cls, config: Config) -> ArrivalGate: ...
+    def set_snapshots(self, texts: list[str]) -> None:
+        """Replaces the engines' snapshots with these published texts.
+
+        Raises:
+            InvalidArgumentError: a text is not a snapshot (the previous ones stay).
+        """
+    def decide(self, now_ms: float, slo_class: str | None, priority: int) -> tuple[str, float | None, str | None, int | None]:
+        """``(class, predicted wait ms or None, refusal message or None, retry-after s or None)``
+        for a request arriving at ``now_ms`` (wall clock); an admitted one queues for the next.
+
+        Raises:
+            UnknownSloClassError: ``slo_class`` is not configured.
+            InvalidArgumentError: ``now_ms`` is not finite.
+        """
+    @property
+    def num_refused(self) -> int: ...
 
 @final
 class RestorePlan:
@@ -253,6 +288,18 @@ class Meridian:
         """Per class: requests waiting / prefilling / thinking / answering, least slack and TTFAT
         headroom (ms, ``None`` when no request is before its answer), expected remaining output
         tokens; and the phase-weighted queue."""
+    def learn_from_history(
+        self, slo_class: str, reason: str, answered: bool, num_think_tokens: int, num_answer_tokens: int
+    ) -> bool:
+        """Learns one finished request of an earlier run (a request-log line); returns whether it
+        taught anything (``False`` for a class this configuration lacks).
+
+        Raises:
+            InvalidArgumentError: ``reason`` is not one of the log's finish reasons.
+        """
+    def arrival_snapshot(self, now_ms: float, running: list[int], waiting: list[int]) -> str:
+        """The engine's queue as an arriving request would meet it, as the JSON text an
+        ``ArrivalGate`` reads (``now_ms``: wall clock, also the snapshot's time)."""
     def on_preempted(self, now_ms: float, handle: int) -> tuple[str, bool]: ...
     def on_tokens_batch(self, now_ms: float, handles: list[int], counts: list[int], flat_token_ids: list[int]) -> None: ...
     def on_step_output(

@@ -214,3 +214,69 @@ def test_every_other_response_goes_out_as_it_came() -> None:
                   if line.startswith("data: {")]
         assert events == REPLIES[reply], reply
         assert response.text.rstrip().endswith("data: [DONE]")
+
+
+def _publish(folder: Any, num_ahead: int, *, age_ms: float = 0.0, room_now: bool = False) -> None:
+    """An engine's snapshot in ``folder`` as an engine core of this process would write it: one
+    start a second, ``num_ahead`` viable requests waiting ahead of every class. Taken now: the
+    gate trusts a snapshot for two seconds only, so publish after building the app (the first
+    import of vLLM's server takes longer)."""
+    import os
+    import time
+
+    from meridian._core import ARRIVAL_SNAPSHOT_FORMAT
+
+    snapshot = {"format": ARRIVAL_SNAPSHOT_FORMAT, "taken_ms": time.time() * 1000.0 - age_ms, "starts_per_s": 1.0,
+                "room_now": room_now, "first_token_lead_ms": 10.0,
+                "num_ahead": [["gold", num_ahead], ["patient", num_ahead]]}
+    (folder / f"meridian-arrival-{os.getpid()}-4242.json").write_text(json.dumps(snapshot))
+
+
+#: ``GOLD`` and a class whose late requests queue: only ``gold``'s are refused at arrival.
+TWO_CLASSES = {"classes": {**GOLD["classes"], "patient": {"ttft_ms": 500, "ttfat_ms": 5000, "answer_tpot_ms": 40,
+                                                        "rank": 1, "on_overload": "queue"}},
+               "default_class": "gold"}
+
+
+@pytest.fixture
+def bus(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from meridian.vllm.names import BUS_DIR_ENV
+
+    folder = tmp_path / "bus"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv(BUS_DIR_ENV, str(folder))
+    return folder
+
+
+def test_a_request_whose_class_would_miss_its_ttft_is_refused_at_arrival_before_the_route(bus: Any) -> None:
+    app, received = make_app({"meridian": TWO_CLASSES})
+    _publish(bus, num_ahead=5)  # five ahead at one start a second: ~6 s against a 0.5 s target
+    response = post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}})
+    assert response.status_code == 503, response.text
+    assert int(response.headers["retry-after"]) >= 5
+    error = response.json()["error"]
+    assert error["code"] == 503 and error["message"].startswith("meridian:shed:ttft:"), error
+    assert "`gold`" in error["message"] and received == []
+    # A class whose late requests queue is admitted; a bad argument is still the route's 400.
+    assert post(app, {XARGS_FIELD: {CLASS_ARG: "patient"}}).status_code == 200
+    assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold", THINKING_BUDGET_ARG: -5}}).status_code == 400
+    assert received == [{CLASS_ARG: "patient"}]
+
+
+def test_an_empty_queue_or_a_stale_snapshot_admits(bus: Any) -> None:
+    app, _ = make_app({"meridian": TWO_CLASSES})
+    _publish(bus, num_ahead=0, room_now=True)
+    assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}, "reply": "answered"}).status_code == 200
+    _publish(bus, num_ahead=50, age_ms=10_000.0)  # an engine that stopped publishing
+    app, _ = make_app({"meridian": TWO_CLASSES})
+    assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}).status_code == 200
+    (bus / next(p.name for p in bus.iterdir())).write_text("{not json")
+    app, received = make_app({"meridian": TWO_CLASSES})
+    assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}).status_code == 200, "a torn file admits"
+    assert received == [{CLASS_ARG: "gold"}]
+
+
+def test_admission_at_arrival_can_be_turned_off(bus: Any) -> None:
+    app, received = make_app({"meridian": {**TWO_CLASSES, "overload": {"admit_at_arrival": False}}})
+    _publish(bus, num_ahead=50)
+    assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}).status_code == 200

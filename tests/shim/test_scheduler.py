@@ -335,3 +335,54 @@ def test_an_interactive_arrival_preempts_batch_thinking_through_vllms_own_path(t
     else:
         assert scheduler.meridian.stats()["num_arrival_preemptions"] == preempted == 0
         assert urgent_ttft is not None and urgent_ttft > 150.0, "without the rule it waits for a seat"
+
+
+def _expected_output_tokens(scheduler: Any) -> float:
+    """What the scheduler's core expects a fresh request of the default class to generate."""
+    from meridian.offline.tiny import THINK_START
+    from meridian.vllm.scheduler import HANDLE_ATTR
+
+    from meridian.offline.engine import FixedScript
+
+    # A generous max_tokens, as clients set: the core caps its expectation by it.
+    request = OfflineRequest("fresh", 0.0, [WORD_IDS[0], THINK_START], 400, FixedScript(tuple(reasoning_script(3, 2))))
+    engine = OfflineEngine(scheduler, [], observer_config=Config.from_json("{}"))
+    engine.submit(request)
+    engine.advance_to(0.0)
+    core = scheduler.meridian
+    handles = [getattr(r, HANDLE_ATTR, None) for r in scheduler.waiting]
+    core.plan_step(0.0, [], [h for h in handles if h is not None], 1000)
+    load, _ = core.engine_load(0.0, [], [h for h in handles if h is not None])
+    return sum(float(c["expected_output_tokens"]) for c in load.values())
+
+
+def test_a_restarted_server_learns_from_its_request_log(tiny_model: Path, tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    from meridian.vllm import MeridianScheduler
+
+    log = tmp_path / "requests.jsonl"
+    line = {"req_id": "x", "slo_class": "standard", "reason": "stopped", "ttfat_ms": 80.0, "num_think_tokens": 12,
+            "num_answer_tokens": 3}
+    log.write_text("".join(json.dumps({**line, "req_id": f"r{i}"}) + "\n" for i in range(400))
+                   + "{torn\n" + json.dumps({**line, "slo_class": "gold"}) + "\n")
+    config = {"request_log_path": str(log)}
+    cold = build_scheduler(MeridianScheduler, spec(tiny_model, additional_config={"meridian": {"warm_start": False, **config}}))
+    with caplog.at_level("INFO", logger="meridian"):
+        warm = build_scheduler(MeridianScheduler, spec(tiny_model, additional_config={"meridian": config}))
+    assert "400 finished requests learnt, 2 lines skipped" in caplog.text
+    cold_tokens, warm_tokens = _expected_output_tokens(cold), _expected_output_tokens(warm)
+    for scheduler in (cold, warm):
+        scheduler.shutdown()
+    # 12 thinking tokens and 3 answer tokens against priors of hundreds (capped by max_tokens, 400).
+    assert 15 <= warm_tokens < 0.5 * cold_tokens, (warm_tokens, cold_tokens)
+
+
+def test_a_warm_start_log_that_cannot_be_read_stops_start_up_naming_the_key(tiny_model: Path, tmp_path: Path) -> None:
+    from meridian.vllm import MeridianScheduler
+
+    missing = {"meridian": {"warm_start_path": str(tmp_path / "no-such.jsonl")}}
+    with pytest.raises(ConfigError, match="warm_start_path"):
+        build_scheduler(MeridianScheduler, spec(tiny_model, additional_config=missing))
+    # The server's own log not there yet is its first run: nothing to learn, no error.
+    build_scheduler(MeridianScheduler, spec(tiny_model, additional_config={"meridian": {
+        "request_log_path": str(tmp_path / "new.jsonl")}})).shutdown()

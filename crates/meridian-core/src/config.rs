@@ -381,6 +381,16 @@ struct RawConfig {
     /// parallelism, rank 0 writes this file and rank N > 0 `<stem>.dpN<suffix>` next to it.
     #[serde(skip_serializing_if = "Option::is_none")]
     request_log_path: Option<String>,
+    /// Learn the length predictors from a previous run's finished requests at start, so a
+    /// restarted or newly added server does not start from the production priors: the last
+    /// `predictor.memory_requests` lines of `warm_start_path`, or of `request_log_path` when that
+    /// file exists from an earlier run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_start: Option<bool>,
+    /// A request log (the format `request_log_path` writes) to learn from at start, e.g. a copy
+    /// of another replica's. Unset: the server's own `request_log_path`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_start_path: Option<String>,
     /// File to append one JSON line per engine step to (`num_prefill_tokens`,
     /// `num_decode_requests`, `num_context_tokens`, `step_ms`): the input of
     /// `meridian.replay.profiles.fit_profile`, which fits a replay profile to your hardware.
@@ -513,6 +523,16 @@ struct RawOverload {
     /// How long after arrival a late request of a `shed` class can still be shed for its TTFAT.
     #[serde(skip_serializing_if = "Option::is_none")]
     shed_until: Option<ShedUntil>,
+    /// A request of a `shed` class that would wait past its TTFT target behind the queue the
+    /// engine publishes is refused in the API server as it arrives (HTTP 503 with
+    /// `Retry-After`; needs `--middleware meridian.vllm.frontend.MeridianFrontend`), before it
+    /// joins the queue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admit_at_arrival: Option<bool>,
+    /// Admission at arrival refuses a request whose predicted wait for its first token exceeds
+    /// this many times its class's TTFT target (> 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    arrival_wait_ttft_factor: Option<f64>,
 }
 
 /// How the policy judges and triages work that does not fit (key `overload`). A request's
@@ -551,6 +571,12 @@ pub struct Overload {
     /// (default `ttfat`: until it answers; `ttft`: only while its client would hear it within
     /// its class's TTFT target).
     pub shed_until: ShedUntil,
+    /// A request of a `shed` class that would wait past its TTFT target behind the published
+    /// queue is refused in the API server as it arrives (default true; [`crate::admission`]).
+    pub admit_at_arrival: bool,
+    /// Admission at arrival refuses a request predicted to wait past this many times its class's
+    /// TTFT target for its first token (default 1, > 0).
+    pub arrival_wait_ttft_factor: f64,
 }
 
 impl Default for Overload {
@@ -564,6 +590,8 @@ impl Default for Overload {
             degrade_margin_ms: 500.0,
             waiting_order: WaitingOrder::default(),
             shed_until: ShedUntil::default(),
+            admit_at_arrival: true,
+            arrival_wait_ttft_factor: 1.0,
         }
     }
 }
@@ -665,6 +693,11 @@ pub struct Config {
     pub overload: Overload,
     /// File the shim appends one JSON line to per finished request (its ledger), if set.
     pub request_log_path: Option<String>,
+    /// Whether the shim learns the length predictors from a previous run's request log at start
+    /// (key `warm_start`, default on).
+    pub warm_start: bool,
+    /// The request log to learn from at start (key `warm_start_path`; unset: `request_log_path`).
+    pub warm_start_path: Option<String>,
     /// File the shim appends one JSON line to per engine step (batch shape and measured time), for
     /// fitting a replay profile to real hardware, if set.
     pub step_log_path: Option<String>,
@@ -709,6 +742,15 @@ impl Config {
     /// Looks a class up by name.
     pub fn class_by_name(&self, name: &str) -> Option<ClassId> {
         self.classes.iter().position(|c| c.name == name).map(|i| ClassId(i as u8))
+    }
+
+    /// Whether the API server refuses requests at arrival ([`crate::admission`]): the `meridian`
+    /// policy, `overload.admit_at_arrival`, and a class that sheds. The engine publishes its queue
+    /// only then.
+    pub fn admits_at_arrival(&self) -> bool {
+        self.policy == Policy::Meridian
+            && self.overload.admit_at_arrival
+            && self.classes.iter().any(|c| c.on_overload == crate::slo::OnOverload::Shed)
     }
 
     /// The class a vLLM priority maps to.
@@ -867,8 +909,12 @@ impl Config {
                 on_overload: Some(overload.on_overload),
                 waiting_order: Some(overload.waiting_order),
                 shed_until: Some(overload.shed_until),
+                admit_at_arrival: Some(overload.admit_at_arrival),
+                arrival_wait_ttft_factor: Some(overload.arrival_wait_ttft_factor),
             }),
             request_log_path: self.request_log_path.clone(),
+            warm_start: Some(self.warm_start),
+            warm_start_path: self.warm_start_path.clone(),
             step_log_path: self.step_log_path.clone(),
             metrics: Some(self.metrics),
             thinking_control: Some(self.thinking_control.clone()),
@@ -960,6 +1006,8 @@ impl Config {
             prefix_affinity: validate_prefix_affinity(raw.prefix_affinity.unwrap_or_default())?,
             overload: validate_overload(raw.overload.unwrap_or_default())?,
             request_log_path: log_path("request_log_path", raw.request_log_path)?,
+            warm_start: raw.warm_start.unwrap_or(true),
+            warm_start_path: log_path("warm_start_path", raw.warm_start_path)?,
             step_log_path: log_path("step_log_path", raw.step_log_path)?,
             metrics: raw.metrics.unwrap_or(true),
             thinking_control,
@@ -1019,6 +1067,11 @@ fn validate_overload(raw: RawOverload) -> Result<Overload> {
         )?,
         waiting_order: raw.waiting_order.unwrap_or(defaults.waiting_order),
         shed_until: raw.shed_until.unwrap_or(defaults.shed_until),
+        admit_at_arrival: raw.admit_at_arrival.unwrap_or(defaults.admit_at_arrival),
+        arrival_wait_ttft_factor: positive(
+            "overload.arrival_wait_ttft_factor",
+            raw.arrival_wait_ttft_factor.unwrap_or(defaults.arrival_wait_ttft_factor),
+        )?,
     })
 }
 
@@ -1483,6 +1536,7 @@ mod tests {
                      "tpot_guard": false, "degrade_margin_ms": 100, "on_overload": "queue",
                      "waiting_order": "slack", "shed_until": "ttft"},
         "request_log_path": "requests.jsonl", "step_log_path": "steps.jsonl", "metrics": false,
+        "warm_start": false, "warm_start_path": "other.jsonl",
         "thinking_control": {"budget_tokens": 100, "load_aware": {"attainment_floor": 0.5},
                              "rpdi": {"alpha": 0.1}, "closing": {"closing_text": "Done."},
                              "boundaries": {"line_end": ["\n"], "sentence_end": ["."]}}
@@ -1504,7 +1558,7 @@ mod tests {
         }
         // Unset keys stay unset, and the default tool-call marker stays lenient.
         let defaults: serde_json::Value = serde_json::from_str(&Config::default().to_json()).unwrap();
-        for key in ["request_log_path", "step_log_path", "tool_call_markers"] {
+        for key in ["request_log_path", "step_log_path", "tool_call_markers", "warm_start_path"] {
             assert!(defaults.get(key).is_none(), "{key}");
         }
         assert!(!Config::from_json(&Config::default().to_json()).unwrap().tool_call_markers_explicit);

@@ -28,6 +28,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod config;
 pub mod error;
 pub mod kv_tier;
@@ -42,6 +43,7 @@ pub mod step_model;
 pub mod thinking;
 pub mod thinking_stream;
 
+pub use admission::{ArrivalDecision, ArrivalGate, ArrivalSnapshot, ARRIVAL_SNAPSHOT_FORMAT};
 pub use config::{
     ArrivalPreemption, Config, KvTierConfig, Overload, Policy, PrefixAffinity, ReasoningBlockRule,
     RestoreMode, StepTimeProfile,

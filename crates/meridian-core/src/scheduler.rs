@@ -1600,15 +1600,45 @@ impl Meridian {
     }
 
     fn learn_lengths(&mut self, r: &Tracked, reason: FinishReason) {
-        let lengths = &mut self.lengths[r.class.index()];
-        if r.tracker.is_reasoning() && r.ledger.first_answer_ms.is_some() {
-            lengths.think.observe(r.ledger.num_think_tokens);
+        let think = (r.tracker.is_reasoning() && r.ledger.first_answer_ms.is_some())
+            .then_some(r.ledger.num_think_tokens);
+        self.learn(r.class, think, reason, r.ledger.num_answer_tokens);
+    }
+
+    /// One finished request's lengths: its thinking when it reached its answer (a request shed or
+    /// aborted while thinking says only that it thought longer), its answer when it ended
+    /// naturally — a length-capped answer is truncated and would teach lengths that are too short.
+    fn learn(&mut self, class: ClassId, think_tokens: Option<u32>, reason: FinishReason, answer_tokens: u32) {
+        let lengths = &mut self.lengths[class.index()];
+        if let Some(think_tokens) = think_tokens {
+            lengths.think.observe(think_tokens);
         }
-        // A length-capped answer is truncated: it would teach the predictor lengths that are
-        // too short.
-        if reason == FinishReason::Stopped && r.ledger.num_answer_tokens > 0 {
-            lengths.answer.observe(r.ledger.num_answer_tokens);
+        if reason == FinishReason::Stopped && answer_tokens > 0 {
+            lengths.answer.observe(answer_tokens);
         }
+    }
+
+    /// Learns one finished request of an earlier run, as its request-log line gives it: its
+    /// class's name, how it ended (the log's `reason`: `stopped`, `length`, `aborted`, `error`),
+    /// whether it answered, and its thinking and answer tokens (a request that answered without
+    /// thinking is taken for a non-reasoning one). The same rules as for the requests this core
+    /// serves. Returns whether it taught anything: `false` for a class this configuration lacks
+    /// (a log of another configuration). An unknown `reason` is an error naming it.
+    pub fn learn_from_history(
+        &mut self,
+        slo_class: &str,
+        reason: &str,
+        answered: bool,
+        num_think_tokens: u32,
+        num_answer_tokens: u32,
+    ) -> Result<bool> {
+        let Some(class) = self.config.class_by_name(slo_class) else { return Ok(false) };
+        let reason = FinishReason::ALL.into_iter().find(|r| r.name() == reason).ok_or_else(|| {
+            Error::argument("reason", shown(reason), "not a finish reason of the request log")
+        })?;
+        let think = (answered && num_think_tokens > 0).then_some(num_think_tokens);
+        self.learn(class, think, reason, num_answer_tokens);
+        Ok(think.is_some() || (reason == FinishReason::Stopped && num_answer_tokens > 0))
     }
 
     fn never_reusable_from(&self, r: &Tracked) -> Option<u32> {

@@ -8,6 +8,7 @@ use meridian_core as core;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
+mod admission;
 mod errors;
 mod thinking;
 
@@ -104,6 +105,24 @@ impl PyConfig {
     #[getter]
     fn step_log_path(&self) -> Option<String> {
         self.inner.step_log_path.clone()
+    }
+
+    /// Whether to learn from a previous run's request log at start.
+    #[getter]
+    fn warm_start(&self) -> bool {
+        self.inner.warm_start
+    }
+
+    /// The request log to learn from at start (`None`: `request_log_path`).
+    #[getter]
+    fn warm_start_path(&self) -> Option<String> {
+        self.inner.warm_start_path.clone()
+    }
+
+    /// Whether the API server refuses requests at arrival (the engine then publishes its queue).
+    #[getter]
+    fn admits_at_arrival(&self) -> bool {
+        self.inner.admits_at_arrival()
     }
 
     /// The scheduling policy (`meridian`, `answer_first`, `pascal`, `uniboost` or `scorpio`).
@@ -346,6 +365,28 @@ impl PyMeridian {
             out.set_item(&class.name, d)?;
         }
         Ok((out, load.phase_weighted_queue))
+    }
+
+    /// Learns one finished request of an earlier run (a request-log line's class, reason,
+    /// whether it answered, thinking and answer tokens); returns whether it taught anything.
+    fn learn_from_history(
+        &mut self,
+        slo_class: &str,
+        reason: &str,
+        answered: bool,
+        num_think_tokens: u32,
+        num_answer_tokens: u32,
+    ) -> PyResult<bool> {
+        self.inner
+            .learn_from_history(slo_class, reason, answered, num_think_tokens, num_answer_tokens)
+            .map_err(to_py)
+    }
+
+    /// The engine's queue as an arriving request would meet it, as the JSON text the API
+    /// server's `ArrivalGate` reads (`now_ms`: wall clock, also the snapshot's time).
+    fn arrival_snapshot(&mut self, now_ms: f64, running: Vec<u64>, waiting: Vec<u64>) -> PyResult<String> {
+        let load = self.inner.engine_load(now_ms, &handles(running), &handles(waiting)).map_err(to_py)?;
+        Ok(core::ArrivalSnapshot::of_load(self.inner.config(), &load, now_ms).to_json())
     }
 
     /// Records a preemption; returns `(phase, alarm)`.
@@ -752,6 +793,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_shed_notice, m)?)?;
     m.add("SHED_REASONS", PyTuple::new(m.py(), core::ShedReason::ALL.map(core::ShedReason::name))?)?;
     m.add_class::<PyConfig>()?;
+    m.add_class::<admission::PyArrivalGate>()?;
+    m.add("ARRIVAL_SNAPSHOT_FORMAT", core::ARRIVAL_SNAPSHOT_FORMAT)?;
     m.add_class::<PyMeridian>()?;
     m.add_class::<PyStepPlan>()?;
     m.add_class::<PyShed>()?;

@@ -1,20 +1,22 @@
 """Translation between vLLM's objects and the plain values the core takes.
 
 Nothing here decides anything: it reads vLLM's requests and scheduler outputs (SLO class asked
-for, finish reason, batch shape) and formats the core's reports (the request log line), handing
-back plain Python values or raising a Meridian error that names the bad input.
+for, finish reason, batch shape), formats the core's reports (the request log line) and reads an
+earlier run's log back into the core (the warm start), handing back plain Python values or
+raising a Meridian error that names the bad input.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from meridian._core import Config, FinishedRequest
+from meridian._core import Config, FinishedRequest, Meridian
 from meridian._core import check_request_args as _core_check_request_args
-from meridian.errors import ConfigError, InvalidArgumentError, RequestArgsError
+from meridian.errors import ConfigError, InvalidArgumentError, MeridianError, RequestArgsError
 from meridian.vllm.names import CLASS_ARG, REPORT_FIELDS, REQUEST_ARGS, THINKING_STOP_FIELDS
 
 if TYPE_CHECKING:
@@ -88,6 +90,57 @@ def report_json(report: FinishedRequest, thinking_stop: tuple[str, int] | None =
     return json.dumps(line)
 
 
+#: Bytes read from the end of a warm-start log: some ten thousand finished requests, more than the
+#: predictors remember, read in well under a second.
+WARM_START_MAX_BYTES = 8 << 20
+
+
+def rank_log_path(path: str, rank: int | None) -> str:
+    """The file a data-parallel rank's log lives in: the configured one for rank 0,
+    ``<stem>.dp<rank><suffix>`` beside it for the others."""
+    if not rank:
+        return path
+    configured = Path(path)
+    return str(configured.with_name(f"{configured.stem}.dp{rank}{configured.suffix}"))
+
+
+def warm_start(core: Meridian, config: Config, rank: int | None = None) -> tuple[str, int, int] | None:
+    """Teaches ``core`` the lengths of a previous run's finished requests: the end of
+    ``warm_start_path``, else of the server's own request log when it exists already. Returns
+    ``(path, lines learnt from, lines skipped)``, or ``None`` when there is nothing to read. A
+    line that is not one of the log's (torn, foreign, of a class this configuration lacks) is
+    skipped; a file that cannot be read is the operator's to fix: ``ConfigError`` naming the key."""
+    if not config.warm_start:
+        return None
+    key = "warm_start_path" if config.warm_start_path is not None else "request_log_path"
+    configured = config.warm_start_path or config.request_log_path
+    if configured is None:
+        return None
+    path = configured if config.warm_start_path is not None else rank_log_path(configured, rank)
+    if config.warm_start_path is None and not os.path.exists(path):
+        return None  # the first run of this server: nothing to learn yet
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            start = max(0, log.tell() - WARM_START_MAX_BYTES)
+            log.seek(start)
+            lines = log.read().splitlines()[1 if start else 0:]  # the first may be cut
+    except OSError as exc:
+        raise ConfigError(f"invalid meridian config `{key}`: cannot read {path!r} to warm start from: {exc}") from exc
+    learnt = skipped = 0
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            taught = core.learn_from_history(
+                str(entry["slo_class"]), str(entry["reason"]), entry["ttfat_ms"] is not None,
+                int(entry["num_think_tokens"]), int(entry["num_answer_tokens"]))
+        except (ValueError, KeyError, TypeError, OverflowError, MeridianError):
+            taught = False
+        learnt += taught
+        skipped += not taught
+    return path, learnt, skipped
+
+
 def open_log(path: str | None, key: str, rank: int | None = None) -> IO[str] | None:
     """Opens a JSONL log for appending (line-buffered), or raises ``ConfigError`` naming ``key``.
     With data parallelism each rank past the first (``rank`` > 0) writes its own file,
@@ -96,9 +149,7 @@ def open_log(path: str | None, key: str, rank: int | None = None) -> IO[str] | N
     the configured name.)"""
     if path is None:
         return None
-    if rank:
-        configured = Path(path)
-        path = str(configured.with_name(f"{configured.stem}.dp{rank}{configured.suffix}"))
+    path = rank_log_path(path, rank)
     try:
         return open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed in shutdown()
     except OSError as exc:

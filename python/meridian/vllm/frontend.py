@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 from meridian.vllm._version import require_supported_vllm
@@ -52,9 +53,10 @@ require_supported_vllm()
 
 from fastapi import HTTPException  # noqa: E402
 
-from meridian._core import parse_shed_notice  # noqa: E402
-from meridian.errors import RequestArgsError  # noqa: E402
+from meridian._core import CLASS_ARG, ArrivalGate, parse_shed_notice  # noqa: E402
+from meridian.errors import MeridianError, RequestArgsError  # noqa: E402
 from meridian.vllm import convert  # noqa: E402
+from meridian.vllm.arrival import ArrivalReader  # noqa: E402
 from meridian.vllm.config import config_from_vllm  # noqa: E402
 from meridian.vllm.names import MIDDLEWARE, REQUEST_ARGS, SCHEDULER_CLS, XARGS_FIELD  # noqa: E402
 
@@ -73,7 +75,8 @@ _MARKER = os.path.commonprefix(list(REQUEST_ARGS)).encode()
 
 class MeridianFrontend:
     """ASGI middleware: HTTP 400 for a request whose Meridian arguments the core rejects, HTTP 503
-    with ``Retry-After`` for one shed before its first token (see the module docs)."""
+    with ``Retry-After`` for one refused at arrival or shed before its first token (see the module
+    docs)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -81,19 +84,61 @@ class MeridianFrontend:
         #: server runs MeridianScheduler, and its configuration.
         self._active: bool | None = None
         self._config: Config | None = None
+        #: Admission at arrival (the core's gate over the engines' published queues), when the
+        #: configuration asks for it.
+        self._gate: ArrivalGate | None = None
+        self._reader: ArrivalReader | None = None
+        self._gate_failed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("method") == "POST" and _is_json(scope) and self._is_active(scope):
-            receive = _BodyCheck(receive, self._config).receive
             if scope.get("path", "") in COMPLETION_PATHS:
+                if self._gate is not None:
+                    messages = await _read_request(receive)
+                    refusal = self._admit(b"".join(m.get("body", b"") for m in messages))
+                    if refusal is not None:
+                        await _send_shed(send, *refusal)
+                        return
+                    receive = _Replay(messages, receive).receive
                 send = _ShedAnswer(send).send
+            receive = _BodyCheck(receive, self._config).receive
         await self.app(scope, receive, send)
-
 
     def _is_active(self, scope: Scope) -> bool:
         if self._active is None:
             self._active, self._config = _server_config(scope)
+            if self._config is not None and self._config.admits_at_arrival:
+                self._gate, self._reader = ArrivalGate(self._config), ArrivalReader()
         return self._active
+
+    def _admit(self, body: bytes) -> tuple[str, int] | None:
+        """The refusal (notice, retry-after seconds) of a request the gate refuses at arrival, or
+        ``None``. A body this cannot read, arguments the core rejects (the route answers 400) or
+        a fault of the gate admit it: the engine's triage remains."""
+        assert self._gate is not None and self._reader is not None
+        try:
+            request = json.loads(body)
+            if not isinstance(request, dict):
+                return None
+            xargs = request.get(XARGS_FIELD)
+            xargs = xargs if isinstance(xargs, dict) else {}
+            convert.check_request_args(xargs, self._config)
+            slo_class = xargs.get(CLASS_ARG)
+            priority = request.get("priority", 0)
+            texts = self._reader.texts()
+            if texts is not None:
+                self._gate.set_snapshots(texts)
+            _, _, message, retry_after_s = self._gate.decide(
+                time.time() * 1000.0, slo_class if isinstance(slo_class, str) else None,
+                priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
+        except (ValueError, RequestArgsError, MeridianError):
+            return None
+        except Exception:  # noqa: BLE001 - admission never fails a request
+            if not self._gate_failed:
+                self._gate_failed = True
+                logger.exception("meridian: admission at arrival failed; requests are admitted")
+            return None
+        return None if message is None or retry_after_s is None else (message, retry_after_s)
 
 
 #: The name this middleware had before it also answered shed requests; existing deployments'
@@ -246,12 +291,40 @@ class _ShedAnswer:
     async def _answer_shed(self, message: str, retry_after_s: int) -> None:
         self._decided = self._replaced = True
         self._held.clear()
-        body = json.dumps({"error": {"message": message, "type": "ServiceUnavailableError", "param": None,
-                                     "code": 503}}).encode()
-        await self._send({"type": "http.response.start", "status": 503, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(retry_after_s).encode())]})
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        await _send_shed(self._send, message, retry_after_s)
+
+
+async def _send_shed(send: Send, message: str, retry_after_s: int) -> None:
+    """HTTP 503 with ``Retry-After`` and an OpenAI-style error body carrying the shed notice."""
+    body = json.dumps({"error": {"message": message, "type": "ServiceUnavailableError", "param": None,
+                                 "code": 503}}).encode()
+    await send({"type": "http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"retry-after", str(retry_after_s).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _read_request(receive: Receive) -> list[Message]:
+    """Every message of a request's body (up to its last part, or a disconnect)."""
+    messages = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return messages
+
+
+class _Replay:
+    """A request's ``receive`` that gives back the messages already read, then the rest."""
+
+    def __init__(self, messages: list[Message], receive: Receive) -> None:
+        self._messages = list(messages)
+        self._receive = receive
+
+    async def receive(self) -> Message:
+        if self._messages:
+            return self._messages.pop(0)
+        return await self._receive()
 
 
 #: ``_verdict``'s answers besides a shed notice ``(message, retry_after_s)``.

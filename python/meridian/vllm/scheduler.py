@@ -33,6 +33,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from meridian._core import FinishedRequest, Meridian, Shed  # noqa: E402
 from meridian.errors import MeridianError  # noqa: E402
 from meridian.vllm import convert  # noqa: E402
+from meridian.vllm.arrival import ArrivalPublisher  # noqa: E402
 from meridian.vllm.bus import SchedulerEndpoint  # noqa: E402
 from meridian.vllm.config import processor_configured, read_settings  # noqa: E402
 from meridian.vllm.kvtier import TierHooks  # noqa: E402
@@ -163,6 +164,10 @@ class MeridianScheduler(AsyncScheduler):
         #: reason, stop reason and tokens their output carries, until the next output goes out.
         self._ended: list[tuple[Request, FinishReason, str | None, list[int]]] = []
         rank = self.vllm_config.parallel_config.data_parallel_index
+        # Before the log is opened for this run: its earlier lines are what the restart learns.
+        learnt = convert.warm_start(self.meridian, config, rank)
+        if learnt is not None:
+            logger.info("meridian: warm start from %s: %d finished requests learnt, %d lines skipped", *learnt)
         self._request_log = convert.open_log(config.request_log_path, "request_log_path", rank)
         self._step_log = convert.open_log(config.step_log_path, "step_log_path", rank)
         #: Internal EAT probes (their outputs never reach a client).
@@ -179,6 +184,8 @@ class MeridianScheduler(AsyncScheduler):
         #: scripted model directly).
         self.thinking_endings: set[str] = set()
         self.meridian.set_thinking_worker(self._bus is not None)
+        #: The queue the API server's admission at arrival reads (``MeridianFrontend``).
+        self._arrival = ArrivalPublisher() if config.admits_at_arrival else None
         self._install_queues()
         #: Meridian's eviction order on an OffloadingConnector's tier, when one is configured.
         tier_policy = None if self.connector is None else CoreRestorePolicy(self.meridian, self.requests)
@@ -306,6 +313,7 @@ class MeridianScheduler(AsyncScheduler):
         self.probes.drop_outputs(outputs, self.requests)
         if self._bus is not None:
             self._bus.publish(self.meridian.recent_ttfat_attainment(), frozenset(self.thinking_endings))
+        self._publish_arrival(now_ms)
         if self._step_log is not None and shape is not None:
             meridian_ms = getattr(scheduler_output, COST_ATTR, 0.0) + (time.perf_counter() - started) * 1000.0
             self._log_step(shape, step_ms, meridian_ms)
@@ -316,6 +324,7 @@ class MeridianScheduler(AsyncScheduler):
         # An abort can empty the engine between steps: the gauges must still read zero then.
         finished = super().finish_requests(*args, **kwargs)
         self._refresh_metrics()
+        self._publish_arrival(self.clock_ms())
         return finished
 
     def set_pause_state(self, pause_state: PauseState) -> None:
@@ -540,6 +549,15 @@ class MeridianScheduler(AsyncScheduler):
                 logger.warning("meridian: could not refresh the /metrics series: %s", exc)
             self._metrics_failed = True
 
+    def _publish_arrival(self, now_ms: float) -> None:
+        # An engine that runs out of requests steps no more: its last snapshot must say so now.
+        if self._arrival is not None:
+            self._arrival.publish(
+                lambda: self.meridian.arrival_snapshot(
+                    now_ms, _handles(self.running), _handles((*self.waiting, *self.kv_holding_waiting))),
+                force=not self.has_requests(),
+            )
+
     def _log_step(self, shape: dict[str, int], step_ms: float | None, meridian_ms: float) -> None:
         # The core measured the step (from when it could start until its output); the log
         # records what the core folded into its step-time model, and what Meridian itself spent
@@ -551,6 +569,8 @@ class MeridianScheduler(AsyncScheduler):
     def shutdown(self) -> None:
         if self._bus is not None:
             self._bus.close()
+        if self._arrival is not None:
+            self._arrival.close()
         for log in (self._request_log, self._step_log):
             if log is not None:
                 log.close()

@@ -41,6 +41,9 @@ pub struct ClassLoad {
     /// one would miss its TTFT target — a router should send it elsewhere, and under `shed`
     /// Meridian would end it. 0 when nothing waits ahead. At most [`MAX_SATURATION`].
     pub saturation: f64,
+    /// The viable waiting requests of the class's rank or better: the queue a request of the
+    /// class arriving now joins behind (what [`crate::ArrivalSnapshot`] publishes).
+    pub num_waiting_ahead: u32,
 }
 
 /// The saturation gauge's ceiling (a queue that does not drain at all).
@@ -81,6 +84,15 @@ pub struct EngineLoad {
     /// length in which a request about to finish its answer weighs little and a fresh long
     /// thinker weighs one or more. Count-based balancers weigh both alike.
     pub phase_weighted_queue: f64,
+    /// Requests started (first token) per second lately; at least one per
+    /// [`RATE_TIME_CONSTANT_MS`].
+    pub starts_per_s: f64,
+    /// Whether a request arriving now would start at the next step: a seat is free and no
+    /// viable request waits.
+    pub room_now: bool,
+    /// The least time from a queued request's admission to its first token, ms: the step in
+    /// flight and the decode steps until its output reaches the client.
+    pub first_token_lead_ms: f64,
 }
 
 impl Meridian {
@@ -97,13 +109,18 @@ impl Meridian {
         let mut load = EngineLoad {
             classes: vec![ClassLoad::default(); self.class_table.len()],
             phase_weighted_queue: 0.0,
+            starts_per_s: 0.0,
+            room_now: false,
+            first_token_lead_ms: self.queued_lead_ms.max(super::overload::QUEUED_LEAD_STEPS * step_ms),
         };
+        let mut num_running = 0usize;
         // Viable waiting requests by rank: who a new request of each class would queue behind.
         let mut waiting_by_rank = [0u32; 256];
         for (&h, is_waiting) in running.iter().map(|h| (h, false)).chain(waiting.iter().map(|h| (h, true))) {
             if self.is_probe(h) {
                 continue;
             }
+            num_running += usize::from(!is_waiting);
             let r = *self.hot(h);
             let class = &mut load.classes[r.class.index()];
             self.count_request(class, &r, is_waiting, now_ms, step_ms);
@@ -121,7 +138,11 @@ impl Meridian {
             let ahead: u32 = waiting_by_rank[..=usize::from(rank)].iter().sum();
             let wait_ms = f64::from(ahead) / starts_per_ms;
             class.saturation = (wait_ms / targets.ttft_ms).min(MAX_SATURATION);
+            class.num_waiting_ahead = ahead;
         }
+        load.starts_per_s = starts_per_ms * 1_000.0;
+        load.room_now =
+            num_running < self.limits.max_num_seqs as usize && waiting_by_rank.iter().all(|&n| n == 0);
         Ok(load)
     }
 
@@ -207,11 +228,9 @@ mod tests {
             (class.num_waiting, class.num_prefilling, class.num_thinking, class.num_answering),
             (1, 1, 1, 1)
         );
-        let others_empty = load
-            .classes
-            .iter()
-            .enumerate()
-            .all(|(i, c)| i == STANDARD || ClassLoad { saturation: 0.0, ..*c } == ClassLoad::default());
+        let others_empty = load.classes.iter().enumerate().all(|(i, c)| {
+            i == STANDARD || ClassLoad { saturation: 0.0, num_waiting_ahead: 0, ..*c } == ClassLoad::default()
+        });
         assert!(others_empty, "{:?}", load.classes);
     }
 
@@ -235,6 +254,23 @@ mod tests {
         // A queue that does not move saturates toward the ceiling, never past it.
         let later = core.engine_load(1_000_000.0, &[], &waiting).unwrap();
         assert!(later.classes.iter().all(|c| c.saturation <= super::MAX_SATURATION));
+    }
+
+    #[test]
+    fn the_queue_ahead_of_each_class_and_the_room_now_are_what_an_arrival_meets() {
+        let mut core = core("{}");
+        let idle = core.engine_load(0.0, &[], &[]).unwrap();
+        assert!(idle.room_now && idle.starts_per_s > 0.0 && idle.first_token_lead_ms >= 0.0);
+        let running: Vec<_> = (0..3).map(|i| add(&mut core, &format!("r{i}"), 0.0)).collect();
+        let waiting: Vec<_> = (0..4).map(|i| add(&mut core, &format!("w{i}"), 0.0)).collect();
+        let load = core.engine_load(100.0, &running, &waiting).unwrap();
+        // Four standard requests wait: none is ahead of an interactive one, all of a batch one.
+        let ahead: Vec<u32> = load.classes.iter().map(|c| c.num_waiting_ahead).collect();
+        assert_eq!(ahead, vec![0, 4, 4]);
+        assert!(!load.room_now, "viable requests wait: an arrival does not start at once");
+        let snapshot = crate::ArrivalSnapshot::of_load(core.config(), &load, 100.0);
+        assert_eq!(snapshot.num_ahead[1], ("standard".to_owned(), 4));
+        assert_eq!(crate::ArrivalSnapshot::from_json(&snapshot.to_json()).unwrap(), snapshot);
     }
 
     #[test]

@@ -1283,3 +1283,42 @@ fn the_footprint_is_flat_over_waves_of_finished_requests() {
     assert_eq!(live.num_live_requests, 1);
     assert!(live.heap_bytes > settled.heap_bytes, "a live request's id and hashes count");
 }
+
+#[test]
+fn an_earlier_runs_request_log_teaches_the_predictors_what_its_own_requests_would() {
+    // A server whose requests think 20 tokens and answer 5: the production priors expect far more.
+    let expected = |core: &mut Meridian| {
+        let h = add(core, "fresh", 0.0, 8);
+        core.plan_step(0.0, &[], &[h], 1_000).unwrap(); // a plan refreshes the predictors
+        let tokens = core.engine_load(0.0, &[], &[h]).unwrap().classes[1].expected_output_tokens;
+        core.finish(0.0, h, "abort", &[]).unwrap();
+        tokens
+    };
+    let mut cold = engine();
+    let mut warm = engine();
+    let mut served = engine();
+    for i in 0..300 {
+        assert!(warm.learn_from_history("standard", "stopped", true, 20, 5).unwrap());
+        let h = add(&mut served, &format!("r{i}"), 0.0, 8);
+        served.on_tokens(1.0, h, &[THINK]).unwrap();
+        think(&mut served, 1.0, h, 19);
+        served.on_tokens(2.0, h, &[END, WORD, WORD, WORD, WORD]).unwrap();
+        served.finish(3.0, h, "stop", &[]).unwrap();
+    }
+    let (cold, warm, served) = (expected(&mut cold), expected(&mut warm), expected(&mut served));
+    assert!(cold > 10.0 * warm, "cold {cold} vs warm {warm}");
+    assert!((warm - served).abs() < 0.05 * served, "the log teaches what serving does: {warm} vs {served}");
+}
+
+#[test]
+fn history_of_another_configuration_or_a_truncated_request_teaches_nothing() {
+    let mut core = engine();
+    assert!(!core.learn_from_history("gold", "stopped", true, 20, 5).unwrap(), "a class this server lacks");
+    assert!(
+        !core.learn_from_history("standard", "length", false, 0, 5).unwrap(),
+        "cut short before answering"
+    );
+    assert!(core.learn_from_history("standard", "length", true, 30, 5).unwrap(), "its thinking ended");
+    let e = core.learn_from_history("standard", "finished", true, 1, 1).unwrap_err().to_string();
+    assert!(e.contains("`reason`") && e.contains("finished"), "{e}");
+}
