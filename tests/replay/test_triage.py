@@ -53,7 +53,8 @@ def replay(requests: list[TraceRequest], meridian: dict[str, Any], tmp_path: Pat
 
 
 def test_shed_ends_the_late_ones_early_and_loses_none(tmp_path: Path) -> None:
-    result = replay(burst(10), config("shed"), tmp_path)
+    # The engine's triage alone: admission at arrival would refuse most of the burst first.
+    result = replay(burst(10), {**config("shed"), "overload": {"admit_at_arrival": False}}, tmp_path)
     timelines = list(result.run.timelines.values())
     shed = [t for t in timelines if is_shed(t)]
     served = [t for t in timelines if t.report is not None and t.report.reason == "stopped"]
@@ -70,6 +71,24 @@ def test_shed_ends_the_late_ones_early_and_loses_none(tmp_path: Path) -> None:
     assert summary["shed_notice_ms"]["p99"] <= 500.0
     by_reason = summary["shed_notice_ms_by_reason"]
     assert by_reason["ttft"] == summary["shed_notice_ms"] and by_reason["ttfat"]["p99"] is None
+
+
+def test_admission_at_arrival_refuses_what_would_wait_past_its_ttft_and_serves_the_rest(tmp_path: Path) -> None:
+    # Two seats, each request holding one for ~450 ms, a 500 ms TTFT target: the first two start
+    # at once; the gate knows no start rate yet, so it refuses the rest of the burst as it arrives
+    # (each would queue behind a full engine), at its arrival and before any token.
+    result = replay(burst(10), config("shed"), tmp_path)
+    timelines = list(result.run.timelines.values())
+    refused = [t for t in timelines if t.shed_by == "arrival"]
+    served = [t for t in timelines if t.report is not None and t.report.reason == "stopped"]
+    assert len(refused) + len(served) + sum(1 for t in timelines if is_shed(t) and t.shed_by is None) == 10
+    assert len(served) >= 2 and refused
+    for t in refused:
+        assert t.finish_reason == "refused" and not t.token_times_ms
+        assert t.report is not None and not t.report.met_all
+    assert all(t.report is not None and t.report.met_all for t in served), "the admitted ones met their targets"
+    summary = summarize(result)
+    assert summary["shed_by"].get("arrival") == len(refused) and summary["shed_notice_ms"]["p99"] <= 500.0
 
 
 def test_queue_serves_every_request(tmp_path: Path) -> None:

@@ -44,9 +44,9 @@ pub struct ArrivalSnapshot {
     /// Requests started (first token) per second lately, engine-wide; at least one per
     /// [`crate::scheduler::RATE_TIME_CONSTANT_MS`], so a queue that has not moved yet still drains.
     pub starts_per_s: f64,
-    /// Whether a request arriving now would start at the next step: a seat is free and no viable
-    /// request waits.
-    pub room_now: bool,
+    /// Seats a request arriving now could take at the next step (`max_num_seqs` less the running
+    /// and the viable waiting requests).
+    pub free_seats: u32,
     /// The least time from a request's admission to its first token, ms: the steps between a
     /// plan and a queued request's first token.
     pub first_token_lead_ms: f64,
@@ -63,7 +63,7 @@ impl ArrivalSnapshot {
             format: ARRIVAL_SNAPSHOT_FORMAT.to_owned(),
             taken_ms,
             starts_per_s: load.starts_per_s,
-            room_now: load.room_now,
+            free_seats: load.free_seats,
             first_token_lead_ms: load.first_token_lead_ms,
             num_ahead: config
                 .classes
@@ -249,9 +249,11 @@ impl ArrivalGate {
                 let unseen = self.admitted.iter().filter(|&&(t, r)| t >= s.taken_ms && r <= rank).count();
                 let starts_per_ms = s.starts_per_s / 1_000.0;
                 let drained = starts_per_ms * (now_ms - s.taken_ms).max(0.0);
-                let queued = (ahead[class.index()] + unseen as f64 * share - drained).max(0.0);
-                let for_a_seat = if s.room_now && queued < 1.0 { 0.0 } else { 1.0 };
-                s.first_token_lead_ms + (queued + for_a_seat) / starts_per_ms
+                // Its place in the line, counting itself; the free seats take the first ones now,
+                // the rest start as running requests finish.
+                let place = ahead[class.index()] + unseen as f64 * share + 1.0;
+                let behind_seats = (place - f64::from(s.free_seats)).max(0.0);
+                s.first_token_lead_ms + (behind_seats - drained).max(0.0) / starts_per_ms
             })
             .reduce(f64::min)
     }
@@ -286,12 +288,12 @@ mod tests {
         ArrivalGate::new(Config::from_json(json).unwrap())
     }
 
-    fn snapshot(taken_ms: f64, starts_per_s: f64, room_now: bool, ahead: [u32; 3]) -> ArrivalSnapshot {
+    fn snapshot(taken_ms: f64, starts_per_s: f64, free_seats: u32, ahead: [u32; 3]) -> ArrivalSnapshot {
         ArrivalSnapshot {
             format: ARRIVAL_SNAPSHOT_FORMAT.to_owned(),
             taken_ms,
             starts_per_s,
-            room_now,
+            free_seats,
             first_token_lead_ms: 30.0,
             num_ahead: ["interactive", "standard", "batch"]
                 .iter()
@@ -306,7 +308,7 @@ mod tests {
         let mut g = gate("{}");
         let d = g.decide(1_000.0, Some("interactive"), 0).unwrap();
         assert_eq!((d.predicted_wait_ms, d.refusal), (None, None));
-        g.set_snapshots(vec![snapshot(0.0, 1.0, false, [100, 100, 100])]);
+        g.set_snapshots(vec![snapshot(0.0, 1.0, 0, [100, 100, 100])]);
         assert!(g.decide(100.0, Some("interactive"), 0).unwrap().refusal.is_some());
         let stale = g.decide(STALE_SNAPSHOT_MS + 1.0, Some("interactive"), 0).unwrap();
         assert_eq!(
@@ -320,13 +322,13 @@ mod tests {
     fn a_class_is_refused_once_its_queue_would_outlast_its_ttft_target() {
         let mut g = gate("{}");
         // 10 starts a second; 5 interactive ahead: ~0.6 s, inside 1 s; 20 standard ahead: ~2.1 s, inside 3 s.
-        g.set_snapshots(vec![snapshot(0.0, 10.0, false, [5, 20, 40])]);
+        g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [5, 20, 40])]);
         let d = g.decide(0.0, Some("interactive"), 0).unwrap();
         assert!(d.refusal.is_none() && (d.predicted_wait_ms.unwrap() - 630.0).abs() < 1.0, "{d:?}");
         assert!(g.decide(0.0, Some("standard"), 0).unwrap().refusal.is_none());
         // 40 ahead of batch: ~4 s, inside its 60 s target.
         assert!(g.decide(0.0, Some("batch"), 0).unwrap().refusal.is_none());
-        g.set_snapshots(vec![snapshot(0.0, 10.0, false, [12, 20, 40])]);
+        g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [12, 20, 40])]);
         let late = g.decide(0.0, Some("interactive"), 0).unwrap();
         let notice = late.refusal.expect("13 requests at 10 a second: 1.3 s past a 1 s target");
         assert_eq!(parse_shed_notice(&notice.message), Some((ShedReason::Ttft, 1)));
@@ -336,10 +338,10 @@ mod tests {
     #[test]
     fn what_the_gate_admits_counts_until_a_snapshot_has_seen_it_and_the_queue_drains_with_time() {
         let mut g = gate("{}");
-        g.set_snapshots(vec![snapshot(0.0, 10.0, false, [0, 0, 0])]);
+        g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [0, 0, 0])]);
         let decisions: Vec<_> = (0..12).map(|_| g.decide(0.0, Some("interactive"), 0).unwrap()).collect();
         let waits: Vec<f64> = decisions.iter().map(|d| d.predicted_wait_ms.unwrap()).collect();
-        // 30 ms of lead, then 100 ms a request ahead (and one more for a seat).
+        // No free seat: 30 ms of lead, then 100 ms for each place in the line, its own included.
         assert_eq!(&waits[..3], &[130.0, 230.0, 330.0], "a burst builds its own queue");
         let refused: Vec<bool> = decisions.iter().map(|d| d.refusal.is_some()).collect();
         assert_eq!(refused, [[false; 9].as_slice(), &[true; 3]].concat(), "{waits:?}");
@@ -348,15 +350,15 @@ mod tests {
         let later = g.decide(1_000.0, Some("interactive"), 0).unwrap().predicted_wait_ms.unwrap();
         assert!(later < *waits.last().unwrap(), "{later} vs {waits:?}");
         // A snapshot taken after those admissions has them in its own count.
-        g.set_snapshots(vec![snapshot(1_001.0, 10.0, true, [0, 0, 0])]);
+        g.set_snapshots(vec![snapshot(1_001.0, 10.0, 4, [0, 0, 0])]);
         let fresh = g.decide(1_001.0, Some("interactive"), 0).unwrap().predicted_wait_ms.unwrap();
-        assert_eq!(fresh, 30.0, "room now and nothing ahead: the lead alone");
+        assert_eq!(fresh, 30.0, "a free seat and nothing ahead: the lead alone");
     }
 
     #[test]
     fn lower_ranks_do_not_queue_ahead_of_higher_ones() {
         let mut g = gate("{}");
-        g.set_snapshots(vec![snapshot(0.0, 10.0, false, [0, 0, 0])]);
+        g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [0, 0, 0])]);
         for _ in 0..30 {
             g.decide(0.0, Some("batch"), 0).unwrap();
         }
@@ -366,7 +368,7 @@ mod tests {
 
     #[test]
     fn only_shed_classes_under_the_meridian_policy_are_refused() {
-        let full = || vec![snapshot(0.0, 1.0, false, [100, 100, 100])];
+        let full = || vec![snapshot(0.0, 1.0, 0, [100, 100, 100])];
         for json in [
             r#"{"overload": {"on_overload": "queue"}}"#,
             r#"{"policy": "scorpio"}"#,
@@ -383,7 +385,7 @@ mod tests {
         let mut g = gate(classes);
         g.set_snapshots(vec![ArrivalSnapshot {
             num_ahead: vec![("chat".to_owned(), 100), ("api".to_owned(), 100)],
-            ..snapshot(0.0, 1.0, false, [0, 0, 0])
+            ..snapshot(0.0, 1.0, 0, [0, 0, 0])
         }]);
         assert!(g.decide(0.0, Some("chat"), 0).unwrap().refusal.is_none(), "a queue class waits");
         assert!(g.decide(0.0, Some("api"), 0).unwrap().refusal.is_some());
@@ -392,10 +394,7 @@ mod tests {
     #[test]
     fn several_engines_the_least_loaded_decides() {
         let mut g = gate("{}");
-        g.set_snapshots(vec![
-            snapshot(0.0, 10.0, false, [100, 100, 100]),
-            snapshot(0.0, 10.0, true, [0, 0, 0]),
-        ]);
+        g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [100, 100, 100]), snapshot(0.0, 10.0, 4, [0, 0, 0])]);
         assert!(g.decide(0.0, Some("interactive"), 0).unwrap().refusal.is_none());
     }
 
@@ -408,7 +407,7 @@ mod tests {
         for text in ["", "{}", r#"{"format": "other/1"}"#] {
             assert!(ArrivalSnapshot::from_json(text).is_err(), "{text}");
         }
-        let mut s = snapshot(0.0, 10.0, false, [1, 2, 3]);
+        let mut s = snapshot(0.0, 10.0, 0, [1, 2, 3]);
         assert_eq!(ArrivalSnapshot::from_json(&s.to_json()).unwrap(), s);
         s.starts_per_s = 0.0;
         let e = ArrivalSnapshot::from_json(&s.to_json()).unwrap_err().to_string();
@@ -421,10 +420,10 @@ mod tests {
             ahead in proptest::array::uniform3(0u32..10_000),
             starts_per_s in 0.01f64..1e4,
             age_ms in 0.0f64..STALE_SNAPSHOT_MS,
-            room_now in any::<bool>(),
+            free_seats in 0u32..8,
         ) {
             let mut g = gate("{}");
-            g.set_snapshots(vec![snapshot(0.0, starts_per_s, room_now, ahead)]);
+            g.set_snapshots(vec![snapshot(0.0, starts_per_s, free_seats, ahead)]);
             let d = g.decide(age_ms, Some("standard"), 0).unwrap();
             let wait_ms = d.predicted_wait_ms.unwrap();
             prop_assert!(wait_ms.is_finite() && wait_ms >= 30.0);
@@ -434,7 +433,7 @@ mod tests {
             }
             let more = [ahead[0], ahead[1].saturating_add(10), ahead[2]];
             let mut h = gate("{}");
-            h.set_snapshots(vec![snapshot(0.0, starts_per_s, room_now, more)]);
+            h.set_snapshots(vec![snapshot(0.0, starts_per_s, free_seats, more)]);
             let longer = h.decide(age_ms, Some("standard"), 0).unwrap().predicted_wait_ms.unwrap();
             prop_assert!(longer >= wait_ms);
         }

@@ -429,6 +429,8 @@ pub struct Meridian {
     stats: SchedulerStats,
     pending_steps: VecDeque<PendingStep>,
     last_output_ms: Option<f64>,
+    /// Whether the engine held requests after the last output (it scheduled its next step at once).
+    busy_after_last_output: bool,
     num_thinking_in_step: u32,
     seen: Vec<u64>,
     scratch_keys: Vec<u64>,
@@ -541,6 +543,7 @@ impl Meridian {
             stats: SchedulerStats::default(),
             pending_steps: VecDeque::new(),
             last_output_ms: None,
+            busy_after_last_output: false,
             num_thinking_in_step: 0,
             seen: Vec::new(),
             scratch_keys: Vec::new(),
@@ -856,12 +859,19 @@ impl Meridian {
         };
         let mut measured_ms = None;
         if let Some(p) = pending {
-            // Under async scheduling the step started when both it was scheduled and the previous
-            // output had arrived; before that the device was busy with the previous step.
-            let started_ms =
-                self.last_output_ms.map_or(p.scheduled_at_ms, |last| last.max(p.scheduled_at_ms));
+            // A step's time is what a deadline sees of it: from the previous output while the
+            // engine held requests then — it went straight on, so what it did between the two
+            // (its outputs to the API server, scheduling; under synchronous scheduling, as on
+            // vLLM's CPU build, a third of the loop's time measured on 2 cores) is part of every
+            // step — else from when it was scheduled. Under async scheduling the step was
+            // scheduled before the previous output, and that output is its start either way.
+            let started_ms = match self.last_output_ms {
+                Some(last) if self.busy_after_last_output => last,
+                Some(last) => last.max(p.scheduled_at_ms),
+                None => p.scheduled_at_ms,
+            };
             let executed = shape.num_prefill_tokens > 0 || shape.num_decode_requests > 0;
-            if executed && now_ms >= started_ms {
+            if executed && now_ms >= started_ms && now_ms >= p.scheduled_at_ms {
                 let duration_ms = now_ms - started_ms;
                 self.step_model.observe(StepSample { shape, duration_ms });
                 self.stats.num_step_samples += 1;
@@ -870,6 +880,7 @@ impl Meridian {
             }
         }
         self.last_output_ms = Some(now_ms);
+        self.busy_after_last_output = !self.by_req_id.is_empty();
         Ok(measured_ms)
     }
 

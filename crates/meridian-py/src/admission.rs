@@ -39,12 +39,7 @@ impl PyArrivalGate {
     /// Decides a request arriving at `now_ms` (wall clock): `(class, predicted wait ms or None,
     /// refusal message or None, retry-after seconds or None)`.
     #[pyo3(signature = (now_ms, slo_class, priority))]
-    fn decide(
-        &mut self,
-        now_ms: f64,
-        slo_class: Option<&str>,
-        priority: i64,
-    ) -> PyResult<Decision> {
+    fn decide(&mut self, now_ms: f64, slo_class: Option<&str>, priority: i64) -> PyResult<Decision> {
         let d = self.inner.decide(now_ms, slo_class, priority).map_err(to_py)?;
         let class = self.inner.class_name(d.class).to_owned();
         let (message, retry_after_s) = match d.refusal {

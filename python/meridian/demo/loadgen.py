@@ -397,6 +397,8 @@ class RecordTimes:
     error: str | None = None
     #: ms from its send to its last byte (aiperf's request latency), for a completed request.
     latency_ms: float | None = None
+    #: Its line in the workload file (aiperf's session number under a fixed schedule).
+    session: int | None = None
     #: Thinking and answer tokens the server reported (aiperf's usage counts; ``None`` unknown).
     num_think_tokens: int | None = None
     num_answer_tokens: int | None = None
@@ -415,6 +417,13 @@ def is_shed_error(error: Any) -> bool:
 def _metric(metrics: dict[str, Any], name: str) -> Any:
     value = metrics.get(name)
     return value.get("value") if isinstance(value, dict) else None
+
+
+def _session_number(conversation_id: Any) -> int | None:
+    """``session_000029`` → 29: under ``--fixed-schedule`` the workload file's line."""
+    text = str(conversation_id or "")
+    digits = text.rsplit("_", 1)[-1]
+    return int(digits) if text.startswith("session_") and digits.isdigit() else None
 
 
 def parse_record(record: dict[str, Any], payloads: dict[str, dict[str, Any]]) -> RecordTimes:
@@ -443,6 +452,7 @@ def parse_record(record: dict[str, Any], payloads: dict[str, dict[str, Any]]) ->
         answer_itl_ms=answer_itl_ms,
         num_output_tokens=int(_metric(metrics, "output_sequence_length") or 0),
         notice_ms=notice_ms,
+        session=_session_number(record["metadata"].get("conversation_id")),
         error=None if record.get("error") is None else str((record["error"] or {}).get("message"))[:200],
         latency_ms=latency_ms if record.get("error") is None else None,
         num_think_tokens=None if think_tokens is None else int(think_tokens),

@@ -153,10 +153,14 @@ def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) ->
 
 def _without_metrics(additional_config: dict[str, Any]) -> dict[str, Any]:
     # No /metrics to publish on here: Meridian's series stay off unless the spec asks for them.
+    # No API server either: the scheduler publishes no queue for one (the replay's own gate,
+    # ``meridian.replay.policies.MeridianAdmission``, reads the core directly); that key steers
+    # nothing else in the core.
     block = additional_config.get(CONFIG_KEY, {})
-    if not isinstance(block, dict):
+    if not isinstance(block, dict) or not isinstance(block.get("overload", {}), dict):
         return additional_config  # a bad block: the scheduler's own check names it
-    return {**additional_config, CONFIG_KEY: {"metrics": False, **block}}
+    overload = {**block.get("overload", {}), "admit_at_arrival": False}
+    return {**additional_config, CONFIG_KEY: {"metrics": False, **block, "overload": overload}}
 
 
 def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:

@@ -262,6 +262,49 @@ class LoadValve:
         return VALVE if engine.num_in_flight + 1 > self.cap else None
 
 
+#: The reason a refusal by Meridian's admission at arrival is recorded under (``Timeline.shed_by``).
+ARRIVAL = "arrival"
+
+
+class MeridianAdmission:
+    """Meridian's admission at arrival (``MeridianFrontend`` and the core's ``ArrivalGate``) as an
+    arrival gate: the scheduler's core publishes its queue at most every ``WRITE_PERIOD_S`` of the
+    engine's clock, as the live scheduler does, and the gate decides on the latest snapshot and
+    what it admitted since — the very core functions the API server and the engine run."""
+
+    def __init__(self, config: Config) -> None:
+        from meridian._core import ArrivalGate as CoreArrivalGate
+        from meridian.vllm.arrival import WRITE_PERIOD_S
+
+        self._gate = CoreArrivalGate(config)
+        self._period_ms = WRITE_PERIOD_S * 1000.0
+        self._published_ms = -float("inf")
+
+    @staticmethod
+    def of(spec: PolicySpec, meridian_config: Mapping[str, Any]) -> MeridianAdmission | None:
+        """The gate for a policy whose configuration admits at arrival, else ``None``."""
+        if spec.meridian_policy is None:
+            return None
+        config = Config.from_json(json.dumps({**meridian_config, "policy": spec.meridian_policy}))
+        return MeridianAdmission(config) if config.admits_at_arrival else None
+
+    def __call__(self, engine: OfflineEngine, request: OfflineRequest) -> str | None:
+        scheduler = engine.scheduler
+        now_ms = engine.now_ms
+        if now_ms - self._published_ms >= self._period_ms:
+            self._published_ms = now_ms
+            from meridian.vllm.scheduler import HANDLE_ATTR
+
+            def handles(requests: Any) -> list[int]:
+                return [h for r in requests if (h := getattr(r, HANDLE_ATTR, None)) is not None]
+
+            snapshot = scheduler.meridian.arrival_snapshot(
+                now_ms, handles(scheduler.running), handles((*scheduler.waiting, *scheduler.kv_holding_waiting)))
+            self._gate.set_snapshots([snapshot])
+        _, _, refusal, _ = self._gate.decide(now_ms, request.slo_class, request.priority)
+        return ARRIVAL if refusal is not None else None
+
+
 def chain_gates(*gates: ArrivalGate | None) -> ArrivalGate | None:
     """One gate asking each of ``gates`` in order; the first refusal wins (``None``: no gate)."""
     present = [g for g in gates if g is not None]
@@ -449,7 +492,8 @@ def replay_engine(
     ``engine_cls`` the engine loop's class. ``arrival_gate`` is asked for each arriving request
     (after the policy's own valve, if it has one) whether to refuse it."""
     cap = queue_cap_for(spec, requests, profile, meridian_config)
-    gate = chain_gates(LoadValve(cap) if cap is not None else None, arrival_gate)
+    gate = chain_gates(LoadValve(cap) if cap is not None else None, MeridianAdmission.of(spec, meridian_config),
+                       arrival_gate)
     scheduler = build_scheduler(
         scheduler_cls or scheduler_class(spec), engine_spec(spec, profile, meridian_config, model_dir, host_tier)
     )

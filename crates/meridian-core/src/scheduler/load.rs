@@ -49,28 +49,43 @@ pub struct ClassLoad {
 /// The saturation gauge's ceiling (a queue that does not drain at all).
 pub const MAX_SATURATION: f64 = 100.0;
 
-/// Requests per second of one kind of event, decayed exponentially with a time constant of
-/// [`RATE_TIME_CONSTANT_MS`]: each event adds `1/τ`, and the sum decays by `e^(−Δt/τ)`.
+/// Requests per ms of one kind of event, decayed exponentially with a time constant of
+/// [`RATE_TIME_CONSTANT_MS`]: each event adds `1/τ`, and the sum decays by `e^(−Δt/τ)`. Read
+/// before a time constant has passed since the first event, the sum still holds only what that
+/// short a span saw; divided by the share of the span that counts (`1 − e^(−span/τ)`, the bias
+/// correction of a moving average started from zero), a fresh server's first starts give its
+/// real rate instead of a tenth of it.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct RateMeter {
     per_ms: f64,
     last_ms: f64,
+    first_ms: Option<f64>,
 }
 
 /// The rate meter's time constant: long enough to span a few admissions under heavy load,
 /// short enough to follow a burst within seconds.
 pub const RATE_TIME_CONSTANT_MS: f64 = 10_000.0;
+/// The shortest span the meter divides by: a second, so a burst of starts at once reads as that
+/// many in a second, not as an unbounded rate.
+const MIN_RATE_SPAN_MS: f64 = 1_000.0;
 
 impl RateMeter {
     pub(crate) fn record(&mut self, now_ms: f64) {
-        self.per_ms = self.at(now_ms) + 1.0 / RATE_TIME_CONSTANT_MS;
+        self.per_ms = self.decayed(now_ms) + 1.0 / RATE_TIME_CONSTANT_MS;
         self.last_ms = self.last_ms.max(now_ms);
+        self.first_ms.get_or_insert(now_ms);
     }
 
-    /// Events per ms at `now_ms`.
-    pub(crate) fn at(&self, now_ms: f64) -> f64 {
+    fn decayed(&self, now_ms: f64) -> f64 {
         let elapsed_ms = (now_ms - self.last_ms).max(0.0);
         self.per_ms * (-elapsed_ms / RATE_TIME_CONSTANT_MS).exp()
+    }
+
+    /// Events per ms at `now_ms` (0 before the first).
+    pub(crate) fn at(&self, now_ms: f64) -> f64 {
+        let Some(first_ms) = self.first_ms else { return 0.0 };
+        let span_ms = (now_ms - first_ms).max(MIN_RATE_SPAN_MS);
+        self.decayed(now_ms) / (1.0 - (-span_ms / RATE_TIME_CONSTANT_MS).exp())
     }
 }
 
@@ -87,9 +102,9 @@ pub struct EngineLoad {
     /// Requests started (first token) per second lately; at least one per
     /// [`RATE_TIME_CONSTANT_MS`].
     pub starts_per_s: f64,
-    /// Whether a request arriving now would start at the next step: a seat is free and no
-    /// viable request waits.
-    pub room_now: bool,
+    /// Seats a request arriving now could take at the next step: `max_num_seqs` less the running
+    /// requests and the viable waiting ones.
+    pub free_seats: u32,
     /// The least time from a queued request's admission to its first token, ms: the step in
     /// flight and the decode steps until its output reaches the client.
     pub first_token_lead_ms: f64,
@@ -110,7 +125,7 @@ impl Meridian {
             classes: vec![ClassLoad::default(); self.class_table.len()],
             phase_weighted_queue: 0.0,
             starts_per_s: 0.0,
-            room_now: false,
+            free_seats: 0,
             first_token_lead_ms: self.queued_lead_ms.max(super::overload::QUEUED_LEAD_STEPS * step_ms),
         };
         let mut num_running = 0usize;
@@ -141,8 +156,10 @@ impl Meridian {
             class.num_waiting_ahead = ahead;
         }
         load.starts_per_s = starts_per_ms * 1_000.0;
-        load.room_now =
-            num_running < self.limits.max_num_seqs as usize && waiting_by_rank.iter().all(|&n| n == 0);
+        let num_viable_waiting: usize = waiting_by_rank.iter().map(|&n| n as usize).sum();
+        load.free_seats = (self.limits.max_num_seqs as usize)
+            .saturating_sub(num_running + num_viable_waiting)
+            .min(u32::MAX as usize) as u32;
         Ok(load)
     }
 
@@ -239,7 +256,8 @@ mod tests {
         // Default classes: interactive (rank 0, TTFT 1 s), standard (1, 3 s), batch (2, 60 s).
         let mut core = core("{}");
         assert!(core.engine_load(0.0, &[], &[]).unwrap().classes.iter().all(|c| c.saturation == 0.0));
-        // Ten requests started within the last moment: a rate of ~10 per 10 s time constant, ~1/s.
+        // Ten requests started at once, read over the meter's shortest span (a second, bias
+        // corrected): ~10.5 starts a second.
         for i in 0..10 {
             let h = add(&mut core, &format!("s{i}"), 0.0);
             core.on_tokens(1_000.0, h, &[WORD]).unwrap();
@@ -248,26 +266,40 @@ mod tests {
         let load = core.engine_load(1_000.0, &[], &waiting).unwrap();
         let [interactive, standard, batch] = [0, 1, 2].map(|i| load.classes[i].saturation);
         assert_eq!(interactive, 0.0, "nothing of its rank or better waits");
-        // Six standard requests ahead at ~1 start per second: ~6 s, twice the 3 s target.
-        assert!((standard - 2.0).abs() < 0.05, "{standard}");
-        assert!((batch - 0.1).abs() < 0.01, "the same 6 s in batch's 60 s target: {batch}");
+        // Six standard requests ahead at ~10.5 starts a second: ~0.57 s of the 3 s target.
+        assert!((standard - 0.19).abs() < 0.01, "{standard}");
+        assert!((batch - 0.0095).abs() < 0.001, "the same 0.57 s in batch's 60 s target: {batch}");
         // A queue that does not move saturates toward the ceiling, never past it.
         let later = core.engine_load(1_000_000.0, &[], &waiting).unwrap();
         assert!(later.classes.iter().all(|c| c.saturation <= super::MAX_SATURATION));
     }
 
     #[test]
-    fn the_queue_ahead_of_each_class_and_the_room_now_are_what_an_arrival_meets() {
+    fn the_start_rate_is_right_from_the_first_starts_and_decays_without_them() {
+        let mut meter = super::RateMeter::default();
+        assert_eq!(meter.at(0.0), 0.0);
+        // Twenty starts a second for two seconds: the corrected meter reads ~20, not ~4.
+        for k in 0..40 {
+            meter.record(f64::from(k) * 50.0);
+        }
+        let per_s = meter.at(2_000.0) * 1_000.0;
+        assert!((18.0..22.0).contains(&per_s), "{per_s}");
+        let later = meter.at(2_000.0 + super::RATE_TIME_CONSTANT_MS) * 1_000.0;
+        assert!(later < 0.5 * per_s, "no start for a time constant: {later}");
+    }
+
+    #[test]
+    fn the_queue_ahead_of_each_class_and_the_free_seats_are_what_an_arrival_meets() {
         let mut core = core("{}");
         let idle = core.engine_load(0.0, &[], &[]).unwrap();
-        assert!(idle.room_now && idle.starts_per_s > 0.0 && idle.first_token_lead_ms >= 0.0);
+        assert!(idle.free_seats > 0 && idle.starts_per_s > 0.0 && idle.first_token_lead_ms >= 0.0);
         let running: Vec<_> = (0..3).map(|i| add(&mut core, &format!("r{i}"), 0.0)).collect();
         let waiting: Vec<_> = (0..4).map(|i| add(&mut core, &format!("w{i}"), 0.0)).collect();
         let load = core.engine_load(100.0, &running, &waiting).unwrap();
         // Four standard requests wait: none is ahead of an interactive one, all of a batch one.
         let ahead: Vec<u32> = load.classes.iter().map(|c| c.num_waiting_ahead).collect();
         assert_eq!(ahead, vec![0, 4, 4]);
-        assert!(!load.room_now, "viable requests wait: an arrival does not start at once");
+        assert_eq!(load.free_seats, core.limits.max_num_seqs - 7, "three run, four wait");
         let snapshot = crate::ArrivalSnapshot::of_load(core.config(), &load, 100.0);
         assert_eq!(snapshot.num_ahead[1], ("standard".to_owned(), 4));
         assert_eq!(crate::ArrivalSnapshot::from_json(&snapshot.to_json()).unwrap(), snapshot);

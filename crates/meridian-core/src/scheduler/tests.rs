@@ -855,6 +855,25 @@ fn finish_feeds_the_output_tokens_the_core_has_not_seen() {
 }
 
 #[test]
+fn under_synchronous_scheduling_a_busy_engines_step_runs_from_the_previous_output() {
+    let mut core = engine();
+    let a = add(&mut core, "a", 0.0, 16);
+    let decode = StepShape { num_decode_requests: 1, ..StepShape::default() };
+    let p0 = core.plan_step(10.0, &[a], &[], 100).unwrap();
+    assert_eq!(core.on_step_output(20.0, p0.step_id, decode).unwrap(), Some(10.0));
+    // Scheduled 4 ms after that output (the engine's own work between steps): 14 ms, not 10.
+    let p1 = core.plan_step(24.0, &[a], &[], 100).unwrap();
+    assert_eq!(core.on_step_output(34.0, p1.step_id, decode).unwrap(), Some(14.0));
+    // An engine left with no request idles until the next arrives: from the schedule again.
+    core.finish(35.0, a, "stop", &[]).unwrap();
+    let p2 = core.plan_step(36.0, &[], &[], 100).unwrap();
+    assert_eq!(core.on_step_output(37.0, p2.step_id, StepShape::default()).unwrap(), None);
+    let b = add(&mut core, "b", 500.0, 16);
+    let p3 = core.plan_step(500.0, &[b], &[], 100).unwrap();
+    assert_eq!(core.on_step_output(510.0, p3.step_id, decode).unwrap(), Some(10.0), "not from 37");
+}
+
+#[test]
 fn on_step_output_returns_the_duration_it_measured() {
     let mut core = engine();
     let a = add(&mut core, "a", 0.0, 16);
@@ -888,6 +907,7 @@ proptest! {
         let mut core = engine();
         let a = add(&mut core, "a", 0.0, 16);
         let mut now = 0.0f64;
+        let mut last_out: Option<f64> = None;
         for (gap, run, executed, skew) in steps {
             now += gap;
             let plan = core.plan_step(now, &[a], &[], 100).unwrap();
@@ -898,9 +918,13 @@ proptest! {
             let sampled = core.stats().num_step_samples - before;
             prop_assert_eq!(sampled, u64::from(measured.is_some()));
             if let Some(ms) = measured {
-                // A step cannot start before it was scheduled.
-                prop_assert!(ms.is_finite() && ms >= 0.0 && ms <= out_ms - now, "{}", ms);
+                // A step starts at the previous output (the engine holds a request throughout),
+                // or at its schedule for the first: never earlier.
+                let start = last_out.unwrap_or(now);
+                prop_assert!(ms.is_finite() && ms >= 0.0 && ms <= out_ms - start.min(now) + 1e-9, "{}", ms);
+                prop_assert!(out_ms >= now, "no step ends before it was scheduled");
             }
+            last_out = Some(out_ms);
         }
     }
 }
