@@ -93,6 +93,10 @@ def main() -> int:
     parser.add_argument("--load", default=None, help="the load to replay (default: every load of the run)")
     parser.add_argument("--fit-round", default=None, help="the Meridian round whose step log fits the profile")
     parser.add_argument("--cache-dir", type=Path, default=REPO / ".cache")
+    parser.add_argument("--variant", type=lambda t: (t.partition("=")[0], json.loads(t.partition("=")[2])),
+                        action="append", default=[], help="NAME=JSON: also replay Meridian with this config variant")
+    parser.add_argument("--step-log", type=Path, default=None,
+                        help="fit the profile to this step log instead of the run's own Meridian round")
     args = parser.parse_args()
     results = json.loads((args.folder / "results.json").read_text())
     settings = results["settings"]
@@ -106,7 +110,7 @@ def main() -> int:
         rows = results["loads"][load]["rounds"]
         meridian_rounds = [r for r in rows if r["policy"] == "meridian"]
         fit_name = args.fit_round or f"{load}x-{meridian_rounds[0]['round']}-meridian"
-        step_log = args.folder / f"steps-{fit_name}.jsonl"
+        step_log = args.step_log or args.folder / f"steps-{fit_name}.jsonl"
         if not step_log.exists():
             with gzip.open(f"{step_log}.gz", "rt") as src:
                 step_log = args.cache_dir / f"live-replay-{fit_name}.jsonl"
@@ -121,18 +125,28 @@ def main() -> int:
         requests = [dataclasses.replace(r, max_tokens=model.max_tokens)
                     for r in offline_requests(traces, profile, Config.from_json(json.dumps(meridian_config)))]
         load_out: dict[str, Any] = {}
-        for arm in sorted({r["policy"] for r in rows}):
-            policy = REPLAY_POLICY.get(arm.split(":")[0])
-            if policy is None or ":" in arm:
+        variants = dict(args.variant)
+        arms = sorted({r["policy"] for r in rows}) + [f"meridian:{v}" for v in variants]
+        for arm in dict.fromkeys(arms):
+            base, _, variant = arm.partition(":")
+            policy = REPLAY_POLICY.get(base)
+            if policy is None or (variant and variant not in variants):
                 continue
             spec = policy_spec(policy.format(cap=results["cap"]))
+            config = {**meridian_config, **variants.get(variant, {})}
             # vLLM's CPU build schedules synchronously (it turns async scheduling off): one step
             # in flight, as live.
-            result = replay_policy(spec, requests, profile, meridian_config=meridian_config,
+            result = replay_policy(spec, requests, profile, meridian_config=config,
                                    model_dir=model_dir_for(profile, args.cache_dir), batch_queue_size=1)
             summary = summarize(result)
             replayed = replay_outcomes(result, classes)
             live_rounds = [r for r in rows if r["policy"] == arm]
+            if not live_rounds:  # a variant replayed only
+                print(f"  {arm:13s} replay {summary['good']:4d}  (no live rounds)  shed {summary['shed']}  per class "
+                      f"{ {c: summary['per_class'].get(c, {}).get('good', 0) for c in classes} }", flush=True)
+                load_out[arm] = {"replay_good": summary["good"], "replay_shed": summary["shed"],
+                                 "per_class_replay": {c: summary["per_class"].get(c, {}).get("good", 0) for c in classes}}
+                continue
             per_class_live = {c: statistics.median(r["per_class"][c]["good"] for r in live_rounds) for c in classes}
             per_class_replay = {c: summary["per_class"].get(c, {}).get("good", 0) for c in classes}
             # Request by request: how often the replay's verdict agrees with each live round's.

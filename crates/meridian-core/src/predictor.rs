@@ -56,6 +56,10 @@ pub struct ResidualLength {
     /// What is left of the prior, per bucket.
     prior_weight: [f64; NUM_BUCKETS],
     prior_len: [f64; NUM_BUCKETS],
+    /// Requests still running, per bucket of what they have generated so far: each says its
+    /// length is longer than that (a censored observation), the evidence that keeps the first
+    /// completions — a fresh server's short ones — from passing for the whole distribution.
+    censored: [f64; NUM_BUCKETS],
     /// Decay of every weight per observation.
     decay: f64,
     /// Extra decay of the prior's weight per observation.
@@ -148,6 +152,7 @@ impl ResidualLength {
             observed_len: [0.0; NUM_BUCKETS],
             prior_weight: [0.0; NUM_BUCKETS],
             prior_len: [0.0; NUM_BUCKETS],
+            censored: [0.0; NUM_BUCKETS],
             decay: 1.0 - 1.0 / rate.memory_requests.max(1.0),
             prior_decay: rate.prior_memory_requests.map_or(1.0, |m| 1.0 - 1.0 / m.max(1.0)),
             survival: [0.0; NUM_BUCKETS],
@@ -198,6 +203,20 @@ impl ResidualLength {
         self.observed_weight[b] += 1.0;
         self.observed_len[b] += f64::from(len_tokens.max(1));
         self.dirty = true;
+    }
+
+    /// Replaces the censored observations: the lengths generated so far by the requests still
+    /// running (a length of 0 says nothing and is left out). Takes effect at the next
+    /// [`Self::refresh`].
+    pub fn set_censored(&mut self, attained_tokens: impl IntoIterator<Item = u32>) {
+        let mut censored = [0.0; NUM_BUCKETS];
+        for len in attained_tokens.into_iter().filter(|&len| len > 0) {
+            censored[bucket_of(len)] += 1.0;
+        }
+        if censored != self.censored {
+            self.censored = censored;
+            self.dirty = true;
+        }
     }
 
     /// Expected tokens still to come after `attained_tokens`. Call [`Self::refresh`] after
@@ -279,6 +298,48 @@ impl ResidualLength {
         above + self.weight[b] * inside
     }
 
+    /// Folds the censored observations into `weight` (Kaplan–Meier over the buckets): each bucket's
+    /// finished weight ends that share of what is still at risk there — finished or running at
+    /// that length or beyond — so the running requests carry their weight to the lengths above
+    /// theirs in proportion. What survives every finished bucket (running requests longer than any
+    /// finished one) goes to twice the longest running length: the Pareto tail's `E[L | L > a] =
+    /// 2a`. The running requests add their own weight to the total; a censored bucket is counted
+    /// at risk through itself (the request has passed its lower edge, and most of the bucket is
+    /// above it).
+    fn spread_censored(&mut self) {
+        let total: f64 = self.weight.iter().zip(&self.censored).map(|(w, c)| w + c).sum();
+        if total <= EMPTY {
+            return;
+        }
+        let mut at_risk = [0.0; NUM_BUCKETS];
+        let mut above = 0.0;
+        for b in (0..NUM_BUCKETS).rev() {
+            above += self.weight[b] + self.censored[b];
+            at_risk[b] = above;
+        }
+        let mut surviving = 1.0;
+        for b in 0..NUM_BUCKETS {
+            let finished = self.weight[b];
+            if finished <= EMPTY || at_risk[b] <= EMPTY {
+                continue;
+            }
+            let mean_len = self.weighted_len[b] / finished;
+            let share = surviving * finished / at_risk[b];
+            surviving -= share;
+            self.weight[b] = total * share;
+            self.weighted_len[b] = self.weight[b] * mean_len;
+        }
+        if let Some(longest) = (0..NUM_BUCKETS).rev().find(|&b| self.censored[b] > 0.0) {
+            let tail_len = 2.0 * lower_edge(longest).max(1.0);
+            let tail = bucket_of(tail_len.min(f64::from(u32::MAX)) as u32);
+            let mass = total * surviving.max(0.0);
+            if mass > EMPTY {
+                self.weight[tail] += mass;
+                self.weighted_len[tail] += mass * tail_len;
+            }
+        }
+    }
+
     /// The length at which the survival falls to `target`, searching buckets upward from
     /// `*cursor` (log-uniform within a bucket). Targets asked in increasing bucket order fall,
     /// so the cursor only moves forward: a rebuild costs O(buckets), not O(buckets²).
@@ -309,6 +370,9 @@ impl ResidualLength {
         for b in 0..NUM_BUCKETS {
             self.weight[b] = self.prior_weight[b] + self.observed_weight[b];
             self.weighted_len[b] = self.prior_len[b] + self.observed_len[b];
+        }
+        if self.censored.iter().any(|&c| c > 0.0) {
+            self.spread_censored();
         }
         for b in (0..NUM_BUCKETS).rev() {
             sum_len += self.weighted_len[b];
@@ -468,6 +532,40 @@ mod tests {
     }
 
     #[test]
+    fn running_requests_keep_the_first_completions_from_passing_for_the_whole_distribution() {
+        // A fresh server: 50 requests finished at 10 tokens while 10 others run past 200.
+        let mut p =
+            ResidualLength::with_rate(&[10], LearningRate { prior_weight: 0.01, ..LearningRate::default() });
+        for _ in 0..50 {
+            p.observe(10);
+        }
+        p.refresh();
+        let survivors_only = p.mean();
+        p.set_censored([200; 10]);
+        p.refresh();
+        let with_running = p.mean();
+        assert!(survivors_only < 12.0, "{survivors_only}");
+        // At least their 10 × 200 tokens among 60 requests; the tail law puts them at ~400.
+        assert!(with_running > (50.0 * 10.0 + 10.0 * 200.0) / 60.0, "{with_running}");
+        assert!(p.prob_within(0, 20.0) < 0.9, "a sixth of the requests are longer than 200");
+        // Running requests shorter than every finished one change nothing: they are still at risk.
+        let mut q =
+            ResidualLength::with_rate(&[100], LearningRate { prior_weight: 0.01, ..LearningRate::default() });
+        for _ in 0..50 {
+            q.observe(100);
+        }
+        q.refresh();
+        let before = q.mean();
+        q.set_censored([5; 10]);
+        q.refresh();
+        assert!((q.mean() - before).abs() < 1e-6 * before, "{} vs {before}", q.mean());
+        // Once they finish, their own lengths replace them.
+        p.set_censored([]);
+        p.refresh();
+        assert!((p.mean() - survivors_only).abs() < 1e-9);
+    }
+
+    #[test]
     fn the_prior_counts_as_its_pseudo_weight() {
         let p = ResidualLength::with_rate(
             &[100, 200, 300],
@@ -508,11 +606,15 @@ mod tests {
         #[test]
         fn probabilities_are_in_range_and_monotone(
             sample in prop::collection::vec(1u32..100_000, 1..50),
+            running in prop::collection::vec(0u32..200_000, 0..20),
             attained in 0u32..200_000,
             a in 0.0f64..1e6,
             b in 0.0f64..1e6,
         ) {
-            let p = ResidualLength::new(&sample);
+            let mut p = ResidualLength::new(&sample);
+            p.set_censored(running.iter().copied());
+            p.refresh();
+            prop_assert!(p.mean().is_finite() && p.mean() >= 1.0);
             let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
             let (p_lo, p_hi) = (p.prob_within(attained, lo), p.prob_within(attained, hi));
             prop_assert!((0.0..=1.0).contains(&p_lo) && (0.0..=1.0).contains(&p_hi));

@@ -409,6 +409,10 @@ pub const PREFIX_AFFINITY_WINDOW: usize = 64;
 /// memory without bound).
 const MAX_PENDING_STEPS: usize = 64;
 
+/// How often the predictors learn what the unfinished requests have generated so far (ms): the
+/// lengths move by a token a step, the distribution they shift does not need every step.
+const CENSORED_REFRESH_MS: f64 = 100.0;
+
 /// The policy engine. See the module docs for its invariants.
 #[derive(Debug, Clone)]
 pub struct Meridian {
@@ -431,6 +435,11 @@ pub struct Meridian {
     last_output_ms: Option<f64>,
     /// Whether the engine held requests after the last output (it scheduled its next step at once).
     busy_after_last_output: bool,
+    /// When the predictors last saw what the unfinished requests have generated, and the per
+    /// class scratch lists for it.
+    censored_at_ms: f64,
+    censored_think: Vec<Vec<u32>>,
+    censored_answer: Vec<Vec<u32>>,
     num_thinking_in_step: u32,
     seen: Vec<u64>,
     scratch_keys: Vec<u64>,
@@ -544,6 +553,9 @@ impl Meridian {
             pending_steps: VecDeque::new(),
             last_output_ms: None,
             busy_after_last_output: false,
+            censored_at_ms: f64::NEG_INFINITY,
+            censored_think: Vec::new(),
+            censored_answer: Vec::new(),
             num_thinking_in_step: 0,
             seen: Vec::new(),
             scratch_keys: Vec::new(),
@@ -722,6 +734,10 @@ impl Meridian {
     ) -> Result<StepPlan> {
         let now_ms = check_time_ms("now_ms", now_ms)?;
         self.check_distinct(running, waiting)?;
+        if now_ms - self.censored_at_ms >= CENSORED_REFRESH_MS || now_ms < self.censored_at_ms {
+            self.censored_at_ms = now_ms;
+            self.refresh_censored(running, waiting);
+        }
         for (i, lengths) in self.lengths.iter_mut().enumerate() {
             lengths.think.refresh();
             lengths.answer.refresh();
@@ -1608,6 +1624,35 @@ impl Meridian {
             self.pending_steps.pop_front();
         }
         self.pending_steps.push_back(step);
+    }
+
+    /// Hands each class's predictors what its unfinished requests have generated so far: the
+    /// thinking of those still thinking (or waiting to), the answer of those answering — the
+    /// censored observations that keep the first completions, the short ones, from passing for
+    /// the whole distribution. Probes are no requests of the books.
+    fn refresh_censored(&mut self, running: &[ReqHandle], waiting: &[ReqHandle]) {
+        let mut think = std::mem::take(&mut self.censored_think);
+        let mut answer = std::mem::take(&mut self.censored_answer);
+        think.resize(self.lengths.len(), Vec::new());
+        answer.resize(self.lengths.len(), Vec::new());
+        think.iter_mut().chain(answer.iter_mut()).for_each(Vec::clear);
+        for &h in running.iter().chain(waiting) {
+            if self.slots[h.slot()].request.as_ref().is_some_and(|t| t.probe) {
+                continue;
+            }
+            let r = self.hot(h);
+            match r.phase {
+                Phase::Answer => answer[r.class.index()].push(r.num_answer_tokens),
+                _ if r.is_reasoning => think[r.class.index()].push(r.num_think_tokens),
+                _ => {}
+            }
+        }
+        for ((lengths, think), answer) in self.lengths.iter_mut().zip(&think).zip(&answer) {
+            lengths.think.set_censored(think.iter().copied());
+            lengths.answer.set_censored(answer.iter().copied());
+        }
+        self.censored_think = think;
+        self.censored_answer = answer;
     }
 
     fn learn_lengths(&mut self, r: &Tracked, reason: FinishReason) {
