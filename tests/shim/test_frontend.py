@@ -216,7 +216,7 @@ def test_every_other_response_goes_out_as_it_came() -> None:
         assert response.text.rstrip().endswith("data: [DONE]")
 
 
-def _publish(folder: Any, num_ahead: int, *, age_ms: float = 0.0, room_now: bool = False) -> None:
+def _publish(folder: Any, num_ahead: int, *, age_ms: float = 0.0, free_seats: int = 0) -> None:
     """An engine's snapshot in ``folder`` as an engine core of this process would write it: one
     start a second, ``num_ahead`` viable requests waiting ahead of every class. Taken now: the
     gate trusts a snapshot for two seconds only, so publish after building the app (the first
@@ -227,7 +227,7 @@ def _publish(folder: Any, num_ahead: int, *, age_ms: float = 0.0, room_now: bool
     from meridian._core import ARRIVAL_SNAPSHOT_FORMAT
 
     snapshot = {"format": ARRIVAL_SNAPSHOT_FORMAT, "taken_ms": time.time() * 1000.0 - age_ms, "starts_per_s": 1.0,
-                "room_now": room_now, "first_token_lead_ms": 10.0,
+                "free_seats": free_seats, "first_token_lead_ms": 10.0,
                 "num_ahead": [["gold", num_ahead], ["patient", num_ahead]]}
     (folder / f"meridian-arrival-{os.getpid()}-4242.json").write_text(json.dumps(snapshot))
 
@@ -265,7 +265,7 @@ def test_a_request_whose_class_would_miss_its_ttft_is_refused_at_arrival_before_
 
 def test_an_empty_queue_or_a_stale_snapshot_admits(bus: Any) -> None:
     app, _ = make_app({"meridian": TWO_CLASSES})
-    _publish(bus, num_ahead=0, room_now=True)
+    _publish(bus, num_ahead=0, free_seats=4)
     assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}, "reply": "answered"}).status_code == 200
     _publish(bus, num_ahead=50, age_ms=10_000.0)  # an engine that stopped publishing
     app, _ = make_app({"meridian": TWO_CLASSES})

@@ -318,16 +318,18 @@ impl ResidualLength {
             at_risk[b] = above;
         }
         let mut surviving = 1.0;
-        for b in 0..NUM_BUCKETS {
-            let finished = self.weight[b];
-            if finished <= EMPTY || at_risk[b] <= EMPTY {
+        for ((weight, weighted_len), &at_risk) in
+            self.weight.iter_mut().zip(&mut self.weighted_len).zip(&at_risk)
+        {
+            let finished = *weight;
+            if finished <= EMPTY || at_risk <= EMPTY {
                 continue;
             }
-            let mean_len = self.weighted_len[b] / finished;
-            let share = surviving * finished / at_risk[b];
+            let mean_len = *weighted_len / finished;
+            let share = surviving * finished / at_risk;
             surviving -= share;
-            self.weight[b] = total * share;
-            self.weighted_len[b] = self.weight[b] * mean_len;
+            *weight = total * share;
+            *weighted_len = *weight * mean_len;
         }
         if let Some(longest) = (0..NUM_BUCKETS).rev().find(|&b| self.censored[b] > 0.0) {
             let tail_len = 2.0 * lower_edge(longest).max(1.0);
