@@ -131,3 +131,71 @@ def test_bad_workloads_and_policies_name_the_value() -> None:
         Workload(10, -1.0, classes)
     with pytest.raises(ValueError, match="'fifo'"):
         server_args("fifo", LIVE_MODELS["tiny"], REPO)
+
+
+def test_heavy_families_keep_their_sources_shape_on_the_models_range() -> None:
+    import numpy as np
+
+    from meridian.demo.loadgen import LENGTH_FAMILIES, task_lengths
+
+    for family in ("servegen", "benchmark"):
+        for max_think in (99, 990):
+            steps = np.array([t for t, _ in task_lengths(family, 4000, seed=3, max_think=max_think)])
+            p50, p99 = np.percentile(steps, [50, 99])
+            assert steps.min() >= 1 and steps.max() <= max_think
+            assert 0.8 * max_think <= p99 <= max_think, (family, max_think, p99)
+            assert p99 / p50 > 10, f"{family}: heavy-tailed (production p99/p50 is about 18), got {p99 / p50:.1f}"
+    assert task_lengths("servegen", 50, seed=1) == task_lengths("servegen", 50, seed=1)
+    assert set(LENGTH_FAMILIES) == {"uniform", "servegen", "benchmark"}
+    with pytest.raises(ValueError, match="'pareto'"):
+        Workload(10, 5.0, LIVE_MODELS["tiny"].classes, lengths="pareto")
+
+
+def test_every_request_has_the_same_max_tokens_and_its_class_rank_as_priority() -> None:
+    model = LIVE_MODELS["long"]
+    entries = Workload(200, 10.0, model.classes, lengths="servegen", max_think=model.max_think,
+                       max_tokens=model.max_tokens).entries()
+    assert {e["output_length"] for e in entries} == {model.max_tokens}
+    ranks = {c.name: c.rank for c in model.classes}
+    assert all(e["extra"]["priority"] == ranks[e["extra"]["vllm_xargs"]["meridian_class"]] for e in entries)
+    assert max(int(e["text"].split()[1]) for e in entries) <= model.max_think
+
+
+def test_the_valve_arm_adds_vllms_cap_and_nothing_else() -> None:
+    from meridian.demo.loadgen import Arm, little_law_queue_cap
+
+    model = LIVE_MODELS["tiny"]
+    stock = server_args("stock", model, REPO)
+    capped = server_args(Arm("fcfs+cap", "stock", 40), model, REPO)
+    assert capped == [*stock, "--max-num-queued-reqs", "40"]
+    priority = server_args(Arm("priority+cap", "vllm-priority", 40), model, REPO)
+    assert priority[priority.index("--scheduling-policy") + 1] == "priority"
+    assert little_law_queue_cap(20.0, 1_000.0) == 16 + 20
+    with pytest.raises(ValueError, match="max_num_queued_reqs=0"):
+        Arm("bad", "stock", 0)
+    with pytest.raises(ValueError, match="positive rate"):
+        little_law_queue_cap(0.0, 1_000.0)
+
+
+def test_the_valves_refusals_are_misses_not_failures_even_inside_a_200_stream(tmp_path: Path) -> None:
+    from meridian.demo.loadgen import VALVE_IN_STREAM, VALVE_MESSAGE, is_shed_error, read_export
+
+    valve_503 = {"code": 503, "message": json.dumps({"error": {"message": VALVE_MESSAGE + ". Please try again"}})}
+    assert is_shed_error(valve_503) and not is_shed_error({"code": 500, "message": VALVE_MESSAGE})
+    # aiperf's per-request and summary exports of a round with one refusal inside a 200 stream.
+    artifacts = tmp_path / "aiperf"
+    artifacts.mkdir()
+    empty = {"message": f"Invalid inference result: {VALVE_IN_STREAM} were received", "type": "InvalidInferenceResultError"}
+    record = {"metadata": {"conversation_id": "session_000007", "request_start_ns": 0, "request_end_ns": 5_000_000},
+              "metrics": {}, "error": empty}
+    (artifacts / "profile_export.jsonl").write_text(json.dumps(record) + "\n")
+    (artifacts / "inputs.json").write_text(json.dumps({"data": [{"session_id": "session_000007", "payloads": [
+        {"messages": [{"role": "user", "content": "think 3 answer 2"}], "vllm_xargs": {"meridian_class": "gold"}}]}]}))
+    (artifacts / "profile_export_aiperf.json").write_text(json.dumps({
+        "benchmark_duration": {"avg": 1.0}, "error_summary": [{"error_details": empty, "count": 1}]}))
+    for valve, failed in ((True, 0), (False, 1)):
+        row, records = read_export(artifacts, [GOLD], valve=valve)
+        # The summary's error count and the records' failures count the same request.
+        assert (row["errors"], row["failed_in_records"], row["shed"]) == (failed, failed, 1 - failed), valve
+        assert records[0].session == 7
+    assert row["per_class"]["gold"]["requests"] == 1
