@@ -255,8 +255,9 @@ def render_metrics() -> str:
             values = LABEL_VALUES.get(label)
             labels.append(f"`{label}`" + (" (" + ", ".join(f"`{v}`" for v in values) + ")" if values else ""))
         out.append(f"| `{series.name}` | {series.kind} | {', '.join(labels) or '–'} | {series.help} |")
-    out += ["", "Every series also carries vLLM's `model_name` and `engine` (the data-parallel rank) labels; "
-            "`class` takes the configured SLO class names."]
+    out += ["", "Every series also carries vLLM's `model_name` label and, but for those the API server writes "
+            "(`meridian:arrival_refusals_total`), its `engine` label (the data-parallel rank); `class` takes the "
+            "configured SLO class names."]
     return "\n".join(out) + "\n"
 
 

@@ -89,7 +89,23 @@ def test_every_series_is_made_from_its_definition_in_names(tmp_path: Path) -> No
         if isinstance(series, MetricWrapperBase):
             name = series._name + ("_total" if series._type == "counter" else "")
             made[name] = (series._type, tuple(series._labelnames), series._documentation)
-    assert made == {s.name: (s.kind, ("model_name", "engine", *s.labels), s.help) for s in SERIES.values()}
+    assert made == {s.name: (s.kind, ("model_name", "engine", *s.labels), s.help) for s in SERIES.values()
+                    if s.process == "engine"}
+
+
+def test_the_api_servers_refusals_land_beside_the_engines_series(tmp_path: Path) -> None:
+    from meridian.vllm.metrics import ArrivalMetrics
+
+    refusals = ArrivalMetrics(tmp_path, "m", ["gold", "standard"])
+    refusals.refused("gold")
+    refusals.refused("gold")
+    refusals.refused("unknown")  # a class the server lacks never reaches here; if it did, nothing breaks
+    samples = collected(tmp_path)
+    name = METRIC_NAMES["arrival_refusals"]
+    assert total(samples, name, **{"class": "gold"}) == 2.0
+    assert total(samples, name, **{"class": "standard"}) == 0.0, "every class exported before its first refusal"
+    series = SERIES["arrival_refusals"]
+    assert series.process == "api_server" and series.kind == "counter"
 
 
 def test_counters_mirror_the_core_and_are_never_counted_twice(

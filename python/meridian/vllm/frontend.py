@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
     from meridian._core import Config
+    from meridian.vllm.metrics import ArrivalMetrics
 
 logger = logging.getLogger("meridian")
 
@@ -88,6 +89,7 @@ class MeridianFrontend:
         #: configuration asks for it.
         self._gate: ArrivalGate | None = None
         self._reader: ArrivalReader | None = None
+        self._refusals: ArrivalMetrics | None = None
         self._gate_failed = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -109,6 +111,7 @@ class MeridianFrontend:
             self._active, self._config = _server_config(scope)
             if self._config is not None and self._config.admits_at_arrival:
                 self._gate, self._reader = ArrivalGate(self._config), ArrivalReader()
+                self._refusals = _refusal_metrics(scope, self._config)
         return self._active
 
     def _admit(self, body: bytes) -> tuple[str, int] | None:
@@ -128,7 +131,7 @@ class MeridianFrontend:
             texts = self._reader.texts()
             if texts is not None:
                 self._gate.set_snapshots(texts)
-            _, _, message, retry_after_s = self._gate.decide(
+            slo_class, _, message, retry_after_s = self._gate.decide(
                 time.time() * 1000.0, slo_class if isinstance(slo_class, str) else None,
                 priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
         except (ValueError, RequestArgsError, MeridianError):
@@ -138,7 +141,11 @@ class MeridianFrontend:
                 self._gate_failed = True
                 logger.exception("meridian: admission at arrival failed; requests are admitted")
             return None
-        return None if message is None or retry_after_s is None else (message, retry_after_s)
+        if message is None or retry_after_s is None:
+            return None
+        if self._refusals is not None:
+            self._refusals.refused(slo_class)
+        return message, retry_after_s
 
 
 #: The name this middleware had before it also answered shed requests; existing deployments'
@@ -165,6 +172,21 @@ def _server_config(scope: Scope) -> tuple[bool, Config | None]:
     except Exception:  # noqa: BLE001 - without the configuration the scheduler still checks
         logger.exception("meridian: %s could not read the server's configuration; it checks nothing", MIDDLEWARE)
         return False, None
+
+
+def _refusal_metrics(scope: Scope, config: Config) -> ArrivalMetrics | None:
+    """The counter of refusals at arrival, beside the engines' series on ``/metrics`` (none when
+    the configuration turns the series off or the folder cannot be had)."""
+    if not config.metrics:
+        return None
+    try:
+        from meridian.vllm.metrics import ArrivalMetrics, metrics_dir
+
+        vllm_config = scope["app"].state.vllm_config
+        return ArrivalMetrics(metrics_dir(vllm_config), vllm_config.model_config.served_model_name, config.class_names)
+    except Exception:  # noqa: BLE001 - the refusals still happen, only uncounted
+        logger.exception("meridian: cannot count refusals at arrival on /metrics")
+        return None
 
 
 def _runs_meridian_scheduler(vllm_config: Any) -> bool:

@@ -138,6 +138,7 @@ class MeridianMetrics:
                 return Gauge(series.name, series.help, labels, registry=None, multiprocess_mode="mostrecent")
             return Histogram(series.name, series.help, labels, registry=None, buckets=BUCKETS[key])
 
+        # The API server's series (``ArrivalMetrics``) are not the engine core's to create.
         self.ttfat = make("ttfat")
         self.answer_tpot = make("answer_tpot")
         self.thinking_tokens = make("thinking_tokens")
@@ -256,6 +257,28 @@ class MeridianMetrics:
             with _writing_to(self.directory):
                 child = self._children[key] = series.labels(**self._base, **labels)
         return child
+
+
+class ArrivalMetrics:
+    """The API server's writer of admission at arrival's series: the refusals it answers, counted
+    into the directory the engine cores write theirs to, so one ``/metrics`` serves both (with one
+    API server through ``MeridianMetricsCollector``, with several through vLLM's multiprocess
+    collector, each API server's counts summed)."""
+
+    def __init__(self, directory: Path, model_name: str, class_names: list[str]) -> None:
+        series = SERIES["arrival_refusals"]
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.directory = directory
+        with _writing_to(directory):
+            counter = Counter(series.name.removesuffix("_total"), series.help, ["model_name", *series.labels],
+                              registry=None)
+            # Every class's child now: a dashboard reads 0, not "no data", before the first refusal.
+            self._refusals = {name: counter.labels(model_name=model_name, **{"class": name}) for name in class_names}
+
+    def refused(self, slo_class: str) -> None:
+        child = self._refusals.get(slo_class)
+        if child is not None:
+            child.inc()
 
 
 def _seconds(ms: float | int | None) -> float:

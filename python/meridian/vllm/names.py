@@ -98,6 +98,9 @@ class Series(NamedTuple):
     labels: tuple[str, ...]
     #: The series' HELP text, which the reference shows too.
     help: str
+    #: Who writes it: the engine core (labels ``model_name``, ``engine``, then ``labels``), or the
+    #: API server (``model_name``, then ``labels``: it serves every engine behind it).
+    process: Literal["engine", "api_server"] = "engine"
 
 
 #: Victim phases of ``meridian:preemptions_total``, as the core counts them.
@@ -145,6 +148,10 @@ SERIES: dict[str, Series] = {s.key: s for s in (
     Series("shed_requests", "meridian:shed_requests_total", "counter", ("class", "reason"),
            "Requests ended early because they could no longer meet their class's targets "
            "(on_overload: shed), by the target they would miss."),
+    Series("arrival_refusals", "meridian:arrival_refusals_total", "counter", ("class",),
+           "Requests refused by admission at arrival (HTTP 503 + Retry-After before they reached the engine: "
+           "their class would have waited past its TTFT target), by class; written by the API server.",
+           process="api_server"),
     Series("thinking_stops", "meridian:thinking_stops_total", "counter", ("rule",),
            "Reasoning ended by a thinking-control rule."),
     Series("kv_tier_resumes", "meridian:kv_tier_resumes_total", "counter", ("decision",),
