@@ -60,9 +60,13 @@ def make_arms(names: list[str], cap: int, variants: dict[str, dict[str, Any]]) -
                 raise ValueError(f"arm {name!r} names no --variant {variant}=JSON")
             arms.append(Arm(name, "meridian", meridian_config=variants[variant]))
             continue
-        if name not in ARM_POLICIES:
-            raise ValueError(f"unknown arm {name!r}: expected one of {', '.join(ARM_POLICIES)} or meridian:VARIANT")
-        arms.append(Arm(name, ARM_POLICIES[name], cap if name.endswith("+cap") else None))
+        base, _, explicit = name.partition("=")
+        if base not in ARM_POLICIES:
+            raise ValueError(f"unknown arm {name!r}: expected one of {', '.join(ARM_POLICIES)}, a valve arm at an "
+                             f"explicit cap (priority+cap=60) or meridian:VARIANT")
+        if explicit and not base.endswith("+cap"):
+            raise ValueError(f"arm {name!r}: only a valve arm (+cap) takes a cap")
+        arms.append(Arm(name, ARM_POLICIES[base], (int(explicit) if explicit else cap) if base.endswith("+cap") else None))
     return arms
 
 

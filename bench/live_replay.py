@@ -129,10 +129,11 @@ def main() -> int:
         arms = sorted({r["policy"] for r in rows}) + [f"meridian:{v}" for v in variants]
         for arm in dict.fromkeys(arms):
             base, _, variant = arm.partition(":")
+            base, _, explicit_cap = base.partition("=")
             policy = REPLAY_POLICY.get(base)
             if policy is None or (variant and variant not in variants):
                 continue
-            spec = policy_spec(policy.format(cap=results["cap"]))
+            spec = policy_spec(policy.format(cap=explicit_cap or results["cap"]))
             config = {**meridian_config, **variants.get(variant, {})}
             # vLLM's CPU build schedules synchronously (it turns async scheduling off): one step
             # in flight, as live.

@@ -642,6 +642,9 @@ class RoundSettings:
     #: Samples of ``/metrics`` (e.g. ``vllm:kv_offload_load_bytes_total``) read just before the
     #: timed load and once settled after it; the row's ``server_metrics`` holds their increase.
     server_metrics: tuple[str, ...] = ()
+    #: A workload aiperf replays, untimed, before the timed one on the same server: the timed load
+    #: then meets a server that has run for a while (a long-running replica).
+    preload: Path | None = None
 
 
 def run_round(name: str, policy: str | Arm, dataset: Path, out: Path, settings: RoundSettings,
@@ -667,6 +670,19 @@ def run_round(name: str, policy: str | Arm, dataset: Path, out: Path, settings: 
         on_phase("warming up")
         for i in range(settings.warmup):
             stream_chat(srv.base_url, str(model_path), task_prompt(20 + i, 5), max_tokens=200)
+        if settings.preload is not None:
+            on_phase("preloading")
+            preload = out / f"aiperf-{name}-preload"
+            shutil.rmtree(preload, ignore_errors=True)
+            cmd = aiperf_command(settings.aiperf, model_path, srv.base_url, settings.preload, preload,
+                                 workers=settings.workers)
+            if placement is not None:
+                cmd = ["taskset", "-c", ",".join(map(str, placement["front_cpus"])), *cmd]
+            returncode = run_logged(cmd, out / f"aiperf-{name}-preload.log", settings.timeout_s, lambda: None,
+                                    env=aiperf_environment())
+            if returncode != 0:
+                raise RuntimeError(f"aiperf's preload exited with {returncode}; log: {out / f'aiperf-{name}-preload.log'}")
+            shutil.rmtree(preload, ignore_errors=True)
         artifacts = out / f"aiperf-{name}"
         shutil.rmtree(artifacts, ignore_errors=True)
         cmd = aiperf_command(settings.aiperf, model_path, srv.base_url, dataset, artifacts, workers=settings.workers,
@@ -700,18 +716,25 @@ def run_round(name: str, policy: str | Arm, dataset: Path, out: Path, settings: 
 #: The burst that measures a server's capacity: enough requests for several seconds of standing
 #: queue at the tiny engine's ~20/s (2026-12-05), few enough for one short round.
 CAPACITY_BURST_REQUESTS = 120
+#: The burst of a heavy-tailed family: its longest requests run on for seconds after the queue
+#: has drained, so a short burst measures its tail, not the engine (120 requests of the long
+#: model read 19/s where the engine sustained over 36/s; 480 read 30/s).
+HEAVY_BURST_REQUESTS = 480
 #: Arrivals of the burst per second: all of them within a fraction of a second.
 CAPACITY_BURST_RATE_RPS = 1_000.0
 
 
 def measure_capacity_rps(policy: str, out: Path, settings: RoundSettings,
-                         num_requests: int = CAPACITY_BURST_REQUESTS,
+                         num_requests: int | None = None,
                          on_phase: Callable[[str], None] = lambda phase: None, lengths: str = "uniform") -> float:
     """Requests per second a fresh ``policy`` server completes with a standing queue: aiperf sends
     ``num_requests`` of the workload's mix (another seed than the timed load's) at once, and the
     completed ones are divided by aiperf's benchmark duration. A rate is past the knee when it
     exceeds this; the machine's speed moves it (1.6x between 2026-12-01 and 2026-12-05), so a
-    fixed rate is not. ``lengths``: the workload's length family (``LENGTH_FAMILIES``)."""
+    fixed rate is not. ``lengths``: the workload's length family (``LENGTH_FAMILIES``); a heavy one
+    gets a longer burst (``HEAVY_BURST_REQUESTS``) unless ``num_requests`` is given."""
+    if num_requests is None:
+        num_requests = CAPACITY_BURST_REQUESTS if lengths == "uniform" else HEAVY_BURST_REQUESTS
     dataset = out / "capacity-burst.jsonl"
     dataset.write_text(Workload(num_requests, CAPACITY_BURST_RATE_RPS, settings.model.classes, seed=1, lengths=lengths,
                                 max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl())
@@ -719,17 +742,7 @@ def measure_capacity_rps(policy: str, out: Path, settings: RoundSettings,
     completed = sum(1 for r in records if r.ok and r.ttfo_ms is not None)
     if not completed or not row["duration_s"]:
         raise RuntimeError(f"the capacity burst completed no request ({row['error_kinds']}); logs under {out}")
-    if lengths == "uniform":
-        return completed / float(row["duration_s"])
-    # Under a heavy tail the burst's last request alone decides its duration (a 990-token
-    # thinker runs on for seconds after the queue has drained): the rate is read where nine in
-    # ten of the burst had finished, while the queue still stood.
-    import numpy as np
-
-    done_ms = [r.latency_ms for r in records if r.ok and r.latency_ms is not None]
-    if not done_ms:
-        raise RuntimeError(f"the capacity burst's export has no request latency; logs under {out}")
-    return 0.9 * len(done_ms) / (float(np.percentile(done_ms, 90)) / 1000.0)
+    return completed / float(row["duration_s"])
 
 
 #: A fixed single-threaded load for the speed probe: interpreter work (what the tiny model's

@@ -1,7 +1,8 @@
 """``MeridianFrontend``: Meridian's part of vLLM's API server — a request's Meridian arguments
-checked before the engine sees them (HTTP 400 naming the argument), and a request that triage
-shed before its first token answered with HTTP 503 and ``Retry-After`` instead of an aborted
-completion.
+checked before the engine sees them (HTTP 400 naming the argument), a request whose class would
+wait past its TTFT target refused as it arrives (admission at arrival), and a request that
+triage shed before its first token answered with HTTP 503 and ``Retry-After`` instead of an
+aborted completion.
 
 Selected with ``--middleware meridian.vllm.frontend.MeridianFrontend`` next to ``--scheduler-cls
 meridian.vllm.MeridianScheduler`` (``RequestArgsCheck``, its earlier name, is the same class).
@@ -23,6 +24,13 @@ body read, so vLLM's own handler answers with its error body (``{"error": {"mess
 400}}``); vLLM's authentication and CORS layers have run by then, as for any other 400. The
 scheduler checks again (the same core function) for what never passes here: requests without a
 JSON body, offline ``LLM`` use, servers started without this middleware.
+
+How it admits at arrival (when the configuration asks for it, ``overload.admit_at_arrival``): it
+reads a completion request's whole body first, hands its class (or priority) to the core's
+``ArrivalGate`` — fed with the engines' published queues (``meridian.vllm.arrival``) — and either
+answers HTTP 503 with ``Retry-After`` and the core's notice at once, or passes the body on to the
+route unchanged. A body it cannot read, arguments the core rejects (the route answers those with
+its 400) and any fault of the gate admit the request.
 
 How it answers a shed request: it holds a completion's response start (and any body that carries
 no token yet) until the body shows either a token — then everything goes out as it came, the

@@ -1346,3 +1346,23 @@ fn history_of_another_configuration_or_a_truncated_request_teaches_nothing() {
     let e = core.learn_from_history("standard", "finished", true, 1, 1).unwrap_err().to_string();
     assert!(e.contains("`reason`") && e.contains("finished"), "{e}");
 }
+
+#[test]
+fn a_request_whose_kv_does_not_fit_holds_up_none_behind_it_until_it_starves() {
+    // Late requests queue rather than being shed: the test is about admission alone.
+    let mut core = engine_with(Config::from_json(r#"{"overload": {"on_overload": "queue"}}"#).unwrap());
+    // A preempted long request (it resumes before new ones) needs 64 blocks of 16; 20 are free.
+    let big = add_class(&mut core, "big", 0.0, 1_000, Some("batch"));
+    core.on_preempted(5.0, big).unwrap();
+    let small: Vec<_> = (0..2).map(|i| add_class(&mut core, &format!("s{i}"), 10.0, 8, Some("batch"))).collect();
+    let waiting = [big, small[0], small[1]];
+    let plan = core.plan_step(100.0, &[], &waiting, 20).unwrap();
+    assert_eq!(plan.num_admissible, 2, "the two that fit");
+    assert_eq!(&plan.waiting_order[..2], &[1, 2], "admitted first, the big one right behind");
+    assert_eq!(plan.waiting_order[2], 0);
+    // Past the starvation bound it blocks again: nothing passes it any more.
+    let later = core.config().starvation_ms + 10.0;
+    let plan = core.plan_step(later, &[], &waiting, 20).unwrap();
+    assert_eq!(plan.waiting_order[0], 0);
+    assert_eq!(plan.num_admissible, 1, "an idle engine lets the head try, as vLLM would");
+}
