@@ -80,6 +80,29 @@ def rotated(arms: list[Arm], k: int) -> list[Arm]:
     return arms[k % len(arms):] + arms[: k % len(arms)]
 
 
+def server_notices(out: Path, name: str, targets: dict[str, float]) -> dict[str, Any] | None:
+    """A Meridian round's shed notices as its server measured them (its request log: arrival to
+    the shed's end, for the requests the engine shed before their first token; a refusal at
+    arrival is answered within the request's own handling): per class the count, p99 and how many
+    came after the class's TTFT target. ``None`` for a round without a request log (stock vLLM)."""
+    import gzip
+
+    import numpy as np
+
+    path = out / f"requests-{name}.jsonl.gz"
+    if not path.exists():
+        return None
+    with gzip.open(path, "rt") as f:
+        # Shed before its first token (a 503 to its client); one shed while thinking has streamed.
+        shed = [e for line in f if '"aborted"' in line and (e := json.loads(line))["ttft_ms"] is None]
+    out_: dict[str, Any] = {}
+    for c, ttft_ms in targets.items():
+        ms = [e["e2e_ms"] for e in shed if e["slo_class"] == c and e["e2e_ms"] is not None]
+        out_[c] = {"engine_sheds": len(ms), "notice_p99_ms": float(np.percentile(ms, 99)) if ms else None,
+                   "past_ttft_target": sum(m > ttft_ms for m in ms)}
+    return out_
+
+
 def summarize(rows: list[dict[str, Any]], arms: list[Arm], class_names: list[str]) -> dict[str, Any]:
     """Per arm: medians over rounds (all and per class), their range; Meridian over each other arm."""
     out: dict[str, Any] = {}
@@ -88,15 +111,16 @@ def summarize(rows: list[dict[str, Any]], arms: list[Arm], class_names: list[str
         good = [r["good_requests"] for r in mine]
         per_class = {c: [r["per_class"][c]["good"] for r in mine] for c in class_names}
         shed = [r["shed"] for r in mine]
-        notices = [r["per_class"][c]["notice_p99_ms"] for r in mine for c in class_names
-                   if r["per_class"][c]["notice_p99_ms"] is not None]
         out[arm.name] = {
             "rounds": len(mine), "good": statistics.median(good), "good_range": [min(good), max(good)],
             "good_per_round": good,
             "per_class": {c: {"median": statistics.median(v), "range": [min(v), max(v)]} for c, v in per_class.items()},
             "shed_median": statistics.median(shed),
-            "notice_p99_ms_max": max(notices) if notices else None,
-            "notices_past_ttft_target": sum(r["per_class"][c]["notices_past_ttft_target"] for r in mine for c in class_names),
+            # Meridian's engine sheds, as its server timed them (arrival to the shed).
+            "server_notice_p99_ms": max((n[c]["notice_p99_ms"] for r in mine if (n := r.get("server_notices"))
+                                         for c in class_names if n[c]["notice_p99_ms"] is not None), default=None),
+            "server_notices_past_ttft_target": sum(n[c]["past_ttft_target"] for r in mine
+                                                   if (n := r.get("server_notices")) for c in class_names),
             # aiperf's error summary and its records count the same failures: the larger of the two.
             "failed": sum(max(r["errors"], r["failed_in_records"]) for r in mine),
             "output_tok_s": statistics.median([r["output_tok_s"] for r in mine if r.get("output_tok_s") is not None] or [0.0]),
@@ -131,9 +155,52 @@ def print_summary(load: float, summary: dict[str, Any], arms: list[Arm], class_n
         per = "  ".join(f"{c} {s['per_class'][c]['median']:g} [{s['per_class'][c]['range'][0]}-{s['per_class'][c]['range'][1]}]"
                         for c in class_names)
         print(f"  {arm.name:13s} all {s['good']:g} [{s['good_range'][0]}-{s['good_range'][1]}]  {per}  shed {s['shed_median']:g}  "
-              f"failed {s['failed']}  notices past TTFT target {s['notices_past_ttft_target']}  {s['output_tok_s']:.0f} tok/s")
+              f"failed {s['failed']}  engine sheds past TTFT target {s['server_notices_past_ttft_target']}  {s['output_tok_s']:.0f} tok/s")
     for name, ratios in summary.get("meridian_over", {}).items():
         print(f"  meridian / {name}: " + "  ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None))
+
+
+def markdown(result: dict[str, Any], class_names: list[str]) -> str:
+    """Per load, the medians [range] over rounds of each arm, and Meridian's ratios, as Markdown."""
+    lines = [f"Capacity (stock, burst): {result['capacity_rps']:.1f} req/s; docs-sized valve cap {result['cap']}.", ""]
+    for load, entry in result["loads"].items():
+        summary = entry["summary"]
+        arms = [a for a in summary if a != "meridian_over"]
+        lines += [f"### {load}x ({entry['rate_rps']:g} req/s)", "",
+                  "| arm | " + " | ".join(class_names) + " | all | refused | failed | tok/s |",
+                  "|---|" + "---|" * (len(class_names) + 4)]
+        for arm in arms:
+            a = summary[arm]
+            per = " | ".join(f"{a['per_class'][c]['median']:g} [{a['per_class'][c]['range'][0]}–{a['per_class'][c]['range'][1]}]"
+                             for c in class_names)
+            lines.append(f"| {arm} | {per} | **{a['good']:g}** [{a['good_range'][0]}–{a['good_range'][1]}] | "
+                         f"{a['shed_median']:g} | {a['failed']} | {a['output_tok_s']:.0f} |")
+        for name, ratios in summary.get("meridian_over", {}).items():
+            lines.append(f"| Meridian / {name} | " + " | ".join(
+                f"{ratios[c]:.2f}×" if ratios.get(c) else "–" for c in class_names)
+                + f" | **{ratios['good']:.2f}×** | | | {ratios['output_tok_s']:.2f}× |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def resummarize(folder: Path) -> int:
+    """The summaries of an earlier run, recomputed from its rounds (and Meridian's request logs)."""
+    from meridian.demo.loadgen import LIVE_MODELS
+
+    result = json.loads((folder / "results.json").read_text())
+    model = LIVE_MODELS[result["settings"]["model"]]
+    class_names = [c.name for c in model.classes]
+    targets = {c.name: c.ttft_ms for c in model.classes}
+    for entry in result["loads"].values():
+        for row in entry["rounds"]:
+            row["server_notices"] = server_notices(folder, f"{row['load']:g}x-{row['round']}-{row['policy']}", targets)
+        arms = [Arm(name, "meridian" if name.startswith("meridian") else "stock")
+                for name in dict.fromkeys(r["policy"] for r in entry["rounds"])]
+        entry["summary"] = summarize(entry["rounds"], arms, class_names)
+    (folder / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (folder / "summary.md").write_text(markdown(result, class_names))
+    print((folder / "summary.md").read_text())
+    return 0
 
 
 def main() -> int:
@@ -154,7 +221,11 @@ def main() -> int:
                         help="NAME=JSON: a Meridian config variant, run as the arm meridian:NAME")
     parser.add_argument("--meridian-config", type=json.loads, default={},
                         help="JSON merged into Meridian's config, e.g. '{\"overload\": {...}}'")
+    parser.add_argument("--resummarize", type=Path, default=None,
+                        help="recompute the summaries of an earlier run's folder from its rounds and logs")
     args = parser.parse_args()
+    if args.resummarize is not None:
+        return resummarize(args.resummarize)
     args.requests_given = args.requests
     try:
         settings: RoundSettings = round_settings(args, REPO, f"live_overload_{args.lengths}",
@@ -182,13 +253,15 @@ def main() -> int:
                 name = f"{load:g}x-{k}-{arm.name}"
                 row, recs = run_round(name, arm, dataset, args.out, settings)
                 pack_round(args.out, name, recs)
-                row.update({"round": k, "load": load, "rate_rps": rate})
+                row.update({"round": k, "load": load, "rate_rps": rate,
+                            "server_notices": server_notices(args.out, name, {c.name: c.ttft_ms for c in classes})})
                 rows.append(row)
                 print_round(load, k, row, class_names)
         summary = summarize(rows, arms, class_names)
         print_summary(load, summary, arms, class_names)
         result["loads"][f"{load:g}"] = {"rate_rps": rate, "rounds": rows, "summary": summary}
         (args.out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        (args.out / "summary.md").write_text(markdown(result, class_names))
     print(f"wrote {args.out / 'results.json'} ({time.strftime('%H:%M')})")
     return 0
 

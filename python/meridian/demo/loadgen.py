@@ -439,7 +439,8 @@ def parse_record(record: dict[str, Any], payloads: dict[str, dict[str, Any]]) ->
     shed = is_shed_error(record.get("error"))
     metadata = record.get("metadata") or {}
     notice_ms = None
-    if shed and metadata.get("request_end_ns") is not None and metadata.get("request_start_ns") is not None:
+    # aiperf stamps an error record's end with its start (0.13): no notice time then.
+    if shed and int(metadata.get("request_end_ns") or 0) > int(metadata.get("request_start_ns") or 0):
         notice_ms = (int(metadata["request_end_ns"]) - int(metadata["request_start_ns"])) * 1e-6
     think_tokens = _metric(metrics, "reasoning_token_count")
     return RecordTimes(
