@@ -82,7 +82,7 @@ impl ArrivalSnapshot {
     /// A published snapshot; an error naming what is wrong for text that is not one.
     pub fn from_json(text: &str) -> Result<Self> {
         let snapshot: Self = serde_json::from_str(text)
-            .map_err(|e| Error::argument("arrival_snapshot", shown(text), leak_reason(&e)))?;
+            .map_err(|e| Error::argument("arrival_snapshot", shown(text), parse_problem(&e)))?;
         if snapshot.format != ARRIVAL_SNAPSHOT_FORMAT {
             return Err(Error::argument(
                 "arrival_snapshot.format",
@@ -106,8 +106,8 @@ impl ArrivalSnapshot {
     }
 }
 
-/// serde's message is owned; the error variant takes a static reason: the kinds it can be.
-fn leak_reason(e: &serde_json::Error) -> &'static str {
+/// What is wrong with a text that did not parse as a snapshot (the error variant takes a static reason).
+fn parse_problem(e: &serde_json::Error) -> &'static str {
     match e.classify() {
         serde_json::error::Category::Syntax | serde_json::error::Category::Eof => "not JSON",
         _ => "not an arrival snapshot (fields or types differ)",

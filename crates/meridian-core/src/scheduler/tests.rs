@@ -1354,7 +1354,8 @@ fn a_request_whose_kv_does_not_fit_holds_up_none_behind_it_until_it_starves() {
     // A preempted long request (it resumes before new ones) needs 64 blocks of 16; 20 are free.
     let big = add_class(&mut core, "big", 0.0, 1_000, Some("batch"));
     core.on_preempted(5.0, big).unwrap();
-    let small: Vec<_> = (0..2).map(|i| add_class(&mut core, &format!("s{i}"), 10.0, 8, Some("batch"))).collect();
+    let small: Vec<_> =
+        (0..2).map(|i| add_class(&mut core, &format!("s{i}"), 10.0, 8, Some("batch"))).collect();
     let waiting = [big, small[0], small[1]];
     let plan = core.plan_step(100.0, &[], &waiting, 20).unwrap();
     assert_eq!(plan.num_admissible, 2, "the two that fit");
