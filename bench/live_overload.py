@@ -39,6 +39,7 @@ from meridian.demo.loadgen import (  # noqa: E402
     little_law_queue_cap,
     measure_capacity_rps,
     pack_round,
+    read_packed_round,
     round_settings,
     run_round,
 )
@@ -183,6 +184,27 @@ def markdown(result: dict[str, Any], class_names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def recover_rounds(folder: Path, result: dict[str, Any], classes: Any) -> None:
+    """Adds to ``result`` the packed rounds in ``folder`` it has no row for (a run interrupted
+    before a load's summary, or rounds added by a later ``--first-round`` run into the same
+    folder), rebuilt from aiperf's summary and the round's records (marked ``from_records``:
+    without the server's metrics and speed probes, which only the live run saw)."""
+    known = {f"{r['load']:g}x-{r['round']}-{r['policy']}" for e in result["loads"].values() for r in e["rounds"]}
+    for path in sorted(folder.glob("records-*.jsonl.gz")):
+        name = path.name[len("records-"):-len(".jsonl.gz")]
+        load_text, round_text, policy = name.split("-", 2)
+        if name in known or not load_text.endswith("x") or not round_text.isdigit():
+            continue
+        load = float(load_text[:-1])
+        row = read_packed_round(folder, name, classes, valve="+cap" in policy)
+        rate = round(load * result["capacity_rps"], 2)
+        row.update({"policy": policy, "round": int(round_text), "load": load, "rate_rps": rate,
+                    "speed_probe_ms": None, "from_records": True})
+        entry = result["loads"].setdefault(f"{load:g}", {"rate_rps": rate, "rounds": [], "summary": {}})
+        entry["rounds"].append(row)
+        print(f"recovered round {name} from its records", file=sys.stderr)
+
+
 def resummarize(folder: Path) -> int:
     """The summaries of an earlier run, recomputed from its rounds (and Meridian's request logs)."""
     from meridian.demo.loadgen import LIVE_MODELS
@@ -191,11 +213,14 @@ def resummarize(folder: Path) -> int:
     model = LIVE_MODELS[result["settings"]["model"]]
     class_names = [c.name for c in model.classes]
     targets = {c.name: c.ttft_ms for c in model.classes}
+    recover_rounds(folder, result, model.classes)
     for entry in result["loads"].values():
         for row in entry["rounds"]:
             row["server_notices"] = server_notices(folder, f"{row['load']:g}x-{row['round']}-{row['policy']}", targets)
-        arms = [Arm(name, "meridian" if name.startswith("meridian") else "stock")
-                for name in dict.fromkeys(r["policy"] for r in entry["rounds"])]
+        order = result["settings"].get("arms") or []
+        names = sorted(dict.fromkeys(r["policy"] for r in entry["rounds"]),
+                       key=lambda n: order.index(n) if n in order else len(order))
+        arms = [Arm(name, "meridian" if name.startswith("meridian") else "stock") for name in names]
         entry["summary"] = summarize(entry["rounds"], arms, class_names)
     (folder / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (folder / "summary.md").write_text(markdown(result, class_names))
@@ -211,6 +236,8 @@ def main() -> int:
     parser.add_argument("--loads", type=lambda s: [float(x) for x in s.split(",")], default=[1.2, 1.5, 2.0],
                         help="arrival rates as multiples of the measured capacity")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per arm and load")
+    parser.add_argument("--first-round", type=int, default=0,
+                        help="the first round's number (its arm order and file names): to add rounds to an earlier run")
     parser.add_argument("--arms", type=lambda s: s.split(","), default=list(DEFAULT_ARMS))
     parser.add_argument("--capacity-rps", type=float, default=None, help="skip the calibration burst")
     parser.add_argument("--cap", type=int, default=None, help="the valve's cap (default: Little's law)")
@@ -248,7 +275,7 @@ def main() -> int:
         dataset.write_text(Workload(num_requests, rate, classes, seed=args.seed + i, lengths=args.lengths,
                                     max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl())
         rows = []
-        for k in range(args.rounds):
+        for k in range(args.first_round, args.first_round + args.rounds):
             for arm in rotated(arms, k):
                 name = f"{load:g}x-{k}-{arm.name}"
                 row, recs = run_round(name, arm, dataset, args.out, settings)

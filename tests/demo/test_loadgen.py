@@ -199,3 +199,19 @@ def test_the_valves_refusals_are_misses_not_failures_even_inside_a_200_stream(tm
         assert (row["errors"], row["failed_in_records"], row["shed"]) == (failed, failed, 1 - failed), valve
         assert records[0].session == 7
     assert row["per_class"]["gold"]["requests"] == 1
+
+
+def test_a_packed_round_reads_back_to_the_row_the_live_run_wrote(tmp_path: Path) -> None:
+    from meridian.demo.loadgen import pack_round, read_export, read_packed_round
+
+    artifacts = tmp_path / "aiperf-1.5x-4-meridian"
+    artifacts.mkdir()
+    met = raw([chunk(50.0, reasoning="3"), chunk(120.0, content="a"), chunk(150.0, content="b")])
+    late = raw([chunk(900.0, reasoning="3"), chunk(950.0, content="a"), chunk(990.0, content="b")])
+    (artifacts / "profile_export_raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (met, late)))
+    (artifacts / "profile_export_aiperf.json").write_text(json.dumps({"benchmark_duration": {"avg": 2.0}}))
+    row, records = read_export(artifacts, [GOLD])
+    pack_round(tmp_path, "1.5x-4-meridian", records)
+    assert not (artifacts / "profile_export_raw.jsonl").exists()
+    assert read_packed_round(tmp_path, "1.5x-4-meridian", [GOLD]) == row
+    assert (row["good_requests"], row["per_class"]["gold"]["requests"]) == (1, 2)

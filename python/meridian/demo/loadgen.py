@@ -561,6 +561,24 @@ def read_export(artifacts: Path, classes: Iterable[ClassTargets], *,
                 valve: bool = False) -> tuple[dict[str, Any], list[RecordTimes]]:
     """One round's row from aiperf's summary and per-request exports, and its records. ``valve``:
     the server ran vLLM's valve, so an empty stream is its refusal (``VALVE_IN_STREAM``), a shed."""
+    records = read_records(artifacts)
+    if valve:
+        records = [dataclasses.replace(r, shed=True, refused_in_stream=True)
+                   if not r.ok and not r.shed and VALVE_IN_STREAM in (r.error or "") else r for r in records]
+    return summary_row(artifacts, records, classes, valve=valve), records
+
+
+def read_packed_round(out: Path, name: str, classes: Iterable[ClassTargets], *, valve: bool = False) -> dict[str, Any]:
+    """A packed round's row (``pack_round``: aiperf's summary and ``records-NAME.jsonl.gz``), for
+    a round whose row a run did not write (it was interrupted before the load's summary)."""
+    with gzip.open(out / f"records-{name}.jsonl.gz", "rt") as f:
+        records = [RecordTimes(**json.loads(line)) for line in f if line.strip()]
+    return summary_row(out / f"aiperf-{name}", records, classes, valve=valve)
+
+
+def summary_row(artifacts: Path, records: list[RecordTimes], classes: Iterable[ClassTargets], *,
+                valve: bool) -> dict[str, Any]:
+    """aiperf's summary metrics and error kinds under ``artifacts``, with ``records``' goodput."""
     found = sorted(artifacts.rglob("profile_export_aiperf.json"))
     if not found:
         raise RuntimeError(f"aiperf wrote no profile_export_aiperf.json under {artifacts}")
@@ -575,12 +593,8 @@ def read_export(artifacts: Path, classes: Iterable[ClassTargets], *,
     errors = [e for e in errors if not is_shed_error(e.get("error_details")) and e not in in_stream]
     row["errors"] = sum(int(e.get("count", 1)) for e in errors)
     row["error_kinds"] = [str(e.get("error_details", e))[:200] for e in errors]
-    records = read_records(artifacts)
-    if valve:
-        records = [dataclasses.replace(r, shed=True, refused_in_stream=True)
-                   if not r.ok and not r.shed and VALVE_IN_STREAM in (r.error or "") else r for r in records]
     row.update(record_metrics(records, classes, row["duration_s"] or 0.0))
-    return row, records
+    return row
 
 
 def outputs_by_prompt(records: Iterable[RecordTimes]) -> dict[str, set[str]]:
