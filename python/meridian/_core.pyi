@@ -5,7 +5,7 @@ from typing import Final, Literal, final
 
 __all__ = [
     "__version__", "ARRIVAL_SNAPSHOT_FORMAT", "CLASS_ARG", "POLICY_NAMES", "SHED_MARKER", "SHED_REASONS", "THINKING_STOP_RULES", "THINKING_ARG",
-    "THINKING_BUDGET_ARG", "ArrivalGate", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
+    "THINKING_BUDGET_ARG", "WAITED_ARG", "ArrivalGate", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
     "ThinkingStream", "check_request_args", "config_schema", "kernel_source", "parse_shed_notice",
 ]
 __version__: str
@@ -15,6 +15,9 @@ CLASS_ARG: Final = "meridian_class"
 THINKING_ARG: Final = "meridian_thinking"
 #: Request argument setting a hard thinking budget in tokens.
 THINKING_BUDGET_ARG: Final = "meridian_thinking_budget_tokens"
+#: Request argument: how long, in ms, the client already waited for this request elsewhere (a
+#: retry after a shed); its class's targets count that time.
+WAITED_ARG: Final = "meridian_waited_ms"
 #: Every ``policy`` name, the product first: ``("meridian", "answer_first", "pascal", "uniboost", "scorpio")``.
 POLICY_NAMES: Final[tuple[str, ...]]
 THINKING_STOP_RULES: Final[tuple[str, ...]]
@@ -77,7 +80,10 @@ class Config:
     @property
     def admits_at_arrival(self) -> bool:
         """Whether the API server refuses requests at arrival (the ``meridian`` policy,
-        ``overload.admit_at_arrival`` and a class that sheds); the engine publishes its queue then."""
+        ``overload.admit_at_arrival`` and a class that sheds)."""
+    @property
+    def shed_status(self) -> int:
+        """The HTTP status of a shed or a refusal at arrival (``overload.shed_status``: 429 or 503)."""
     def resolve_tool_call_markers(self, found: list[int | None]) -> list[int]:
         """The tool-call marker ids, given per configured marker (in order) its single token id in
         the model's vocabulary, or ``None`` when it is not one token.
@@ -114,16 +120,23 @@ class ArrivalGate:
         Raises:
             InvalidArgumentError: a text is not a snapshot (the previous ones stay).
         """
-    def decide(self, now_ms: float, slo_class: str | None, priority: int) -> tuple[str, float | None, str | None, int | None]:
+    def decide(
+        self, now_ms: float, slo_class: str | None, priority: int, waited_ms: float = 0.0
+    ) -> tuple[str, float | None, str | None, int | None]:
         """``(class, predicted wait ms or None, refusal message or None, retry-after s or None)``
-        for a request arriving at ``now_ms`` (wall clock); an admitted one queues for the next.
+        for a request arriving at ``now_ms`` (wall clock) whose client already waited
+        ``waited_ms`` elsewhere; an admitted one queues for the next.
 
         Raises:
             UnknownSloClassError: ``slo_class`` is not configured.
             InvalidArgumentError: ``now_ms`` is not finite.
+            RequestArgsError: ``waited_ms`` is not from 0 to a day.
         """
     @property
     def num_refused(self) -> int: ...
+    @property
+    def load_tokens(self) -> int:
+        """The work ahead on the engines, in expected output tokens (the load a router reads)."""
 
 @final
 class RestorePlan:
@@ -271,8 +284,10 @@ class Meridian:
         max_tokens: int,
         slo_class: str | None,
         priority: int,
+        waited_ms: float = 0.0,
     ) -> tuple[int, str]:
         """Starts tracking a request; returns its handle and the name of the SLO class it got.
+        ``waited_ms``: how long its client already waited elsewhere (its deadlines count it).
 
         Raises:
             DuplicateRequestError: the id is already tracked.

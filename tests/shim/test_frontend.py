@@ -15,7 +15,10 @@ from pydantic import BaseModel
 
 from meridian._core import Config, check_request_args
 from meridian.errors import RequestArgsError
-from meridian.vllm.names import CLASS_ARG, MIDDLEWARE, SCHEDULER_CLS, THINKING_ARG, THINKING_BUDGET_ARG, XARGS_FIELD
+from meridian.vllm.names import (
+    CLASS_ARG, LOAD_PATH, MIDDLEWARE, SCHEDULER_CLS, THINKING_ARG, THINKING_BUDGET_ARG, WAITED_ARG, WAITED_HEADER,
+    XARGS_FIELD,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -192,14 +195,19 @@ def test_on_a_server_without_meridians_scheduler_it_checks_nothing(caplog: pytes
     assert "checks nothing" in caplog.text
 
 
-def test_a_request_shed_before_its_first_token_is_a_503_with_retry_after() -> None:
-    app, _ = make_app({"meridian": GOLD})
+@pytest.mark.parametrize(("shed_status", "error_type"), [(None, "RateLimitError"), (503, "ServiceUnavailableError")])
+def test_a_request_shed_before_its_first_token_is_the_shed_status_with_retry_after(
+    shed_status: int | None, error_type: str
+) -> None:
+    overload = {} if shed_status is None else {"overload": {"shed_status": shed_status}}
+    app, _ = make_app({"meridian": {**GOLD, **overload}})
+    expected = shed_status or 429  # the default: a router retries it without marking the server failed
     for reply in ("shed", "stream:shed"):
         response = post(app, {"reply": reply})
-        assert response.status_code == 503, (reply, response.text)
+        assert response.status_code == expected, (reply, response.text)
         assert response.headers["retry-after"] == "2"
         error = response.json()["error"]
-        assert error["code"] == 503 and error["type"] == "ServiceUnavailableError" and error["message"] == NOTICE
+        assert error["code"] == expected and error["type"] == error_type and error["message"] == NOTICE
 
 
 def test_every_other_response_goes_out_as_it_came() -> None:
@@ -216,7 +224,8 @@ def test_every_other_response_goes_out_as_it_came() -> None:
         assert response.text.rstrip().endswith("data: [DONE]")
 
 
-def _publish(folder: Any, num_ahead: int, *, age_ms: float = 0.0, free_seats: int = 0) -> None:
+def _publish(folder: Any, num_ahead: int, *, age_ms: float = 0.0, free_seats: int = 0,
+             expected_output_tokens: float = 0.0, pid: int = 4242) -> None:
     """An engine's snapshot in ``folder`` as an engine core of this process would write it: one
     start a second, ``num_ahead`` viable requests waiting ahead of every class. Taken now: the
     gate trusts a snapshot for two seconds only, so publish after building the app (the first
@@ -228,8 +237,9 @@ def _publish(folder: Any, num_ahead: int, *, age_ms: float = 0.0, free_seats: in
 
     snapshot = {"format": ARRIVAL_SNAPSHOT_FORMAT, "taken_ms": time.time() * 1000.0 - age_ms, "starts_per_s": 1.0,
                 "free_seats": free_seats, "first_token_lead_ms": 10.0,
-                "num_ahead": [["gold", num_ahead], ["patient", num_ahead]]}
-    (folder / f"meridian-arrival-{os.getpid()}-4242.json").write_text(json.dumps(snapshot))
+                "num_ahead": [["gold", num_ahead], ["patient", num_ahead]],
+                "expected_output_tokens": expected_output_tokens}
+    (folder / f"meridian-arrival-{os.getpid()}-{pid}.json").write_text(json.dumps(snapshot))
 
 
 #: ``GOLD`` and a class whose late requests queue: only ``gold``'s are refused at arrival.
@@ -252,10 +262,10 @@ def test_a_request_whose_class_would_miss_its_ttft_is_refused_at_arrival_before_
     app, received = make_app({"meridian": TWO_CLASSES})
     _publish(bus, num_ahead=5)  # five ahead at one start a second: ~6 s against a 0.5 s target
     response = post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}})
-    assert response.status_code == 503, response.text
+    assert response.status_code == 429, response.text
     assert int(response.headers["retry-after"]) >= 5
     error = response.json()["error"]
-    assert error["code"] == 503 and error["message"].startswith("meridian:shed:ttft:"), error
+    assert error["code"] == 429 and error["message"].startswith("meridian:shed:ttft:"), error
     assert "`gold`" in error["message"] and received == []
     # A class whose late requests queue is admitted; a bad argument is still the route's 400.
     assert post(app, {XARGS_FIELD: {CLASS_ARG: "patient"}}).status_code == 200
@@ -280,3 +290,49 @@ def test_admission_at_arrival_can_be_turned_off(bus: Any) -> None:
     app, received = make_app({"meridian": {**TWO_CLASSES, "overload": {"admit_at_arrival": False}}})
     _publish(bus, num_ahead=50)
     assert post(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}).status_code == 200
+
+
+def get_load(app: Any) -> Any:
+    from starlette.testclient import TestClient
+
+    with TestClient(app) as client:
+        return client.get(LOAD_PATH)
+
+
+def test_get_load_is_the_work_ahead_on_every_engine_as_an_integer(bus: Any) -> None:
+    app, _ = make_app({"meridian": {**GOLD, "overload": {"admit_at_arrival": False}}})
+    response = get_load(app)
+    assert response.status_code == 200 and response.json() == {"load": 0}, "no engine has published yet"
+    _publish(bus, num_ahead=3, expected_output_tokens=1234.6)
+    _publish(bus, num_ahead=0, expected_output_tokens=100.0, pid=4243, age_ms=60_000.0)  # idle, its last word
+    app, _ = make_app({"meridian": GOLD})
+    load = get_load(app).json()["load"]
+    assert load == 1335 and isinstance(load, int), "vllm-router's power_of_two drops a float"
+    # A server that does not run Meridian's scheduler leaves the route to vLLM (here: none).
+    app, _ = make_app({}, scheduler_cls="vllm.v1.core.sched.async_scheduler.AsyncScheduler")
+    assert get_load(app).status_code == 404
+
+
+def post_waited(app: Any, body: Any, waited: str) -> Any:
+    from starlette.testclient import TestClient
+
+    with TestClient(app) as client:
+        return client.post("/v1/chat/completions", json=body,
+                           headers={"Authorization": f"Bearer {API_KEY}", WAITED_HEADER: waited})
+
+
+def test_a_retry_header_becomes_the_waited_argument_and_counts_against_the_target(bus: Any) -> None:
+    app, received = make_app({"meridian": TWO_CLASSES})
+    _publish(bus, num_ahead=0, free_seats=4)  # a seat free: ~10 ms to a first token
+    assert post_waited(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}, "120.5").status_code == 200
+    assert received == [{CLASS_ARG: "gold", WAITED_ARG: 120.5}]
+    # The body's own value wins over the header.
+    assert post_waited(app, {XARGS_FIELD: {CLASS_ARG: "gold", WAITED_ARG: 7}}, "300").status_code == 200
+    assert received[-1] == {CLASS_ARG: "gold", WAITED_ARG: 7}
+    # Waited 600 ms of a 500 ms TTFT target already: refused at once, the wait named.
+    refused = post_waited(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}, "600")
+    assert refused.status_code == 429 and "600 ms already waited" in refused.json()["error"]["message"]
+    for bad in ("soon", "-5", "nan"):
+        response = post_waited(app, {XARGS_FIELD: {CLASS_ARG: "gold"}}, bad)
+        assert response.status_code == 400 and f"`{WAITED_ARG}`" in response.text, (bad, response.text)
+    assert len(received) == 2

@@ -34,6 +34,7 @@ fn populated_with(config: Config, num_requests: usize) -> (Meridian, Vec<ReqHand
                 max_tokens: 8192,
                 slo_class: Some(classes[i % 3]),
                 priority: 0,
+                waited_ms: 0.0,
             })
             .unwrap();
         if i % 2 == 0 {

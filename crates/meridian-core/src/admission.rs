@@ -53,6 +53,11 @@ pub struct ArrivalSnapshot {
     /// Per configured class, by name: the viable waiting requests of its rank or better, which a
     /// new request of the class would queue behind.
     pub num_ahead: Vec<(String, u32)>,
+    /// Expected remaining output tokens of every request the engine holds (a waiting request's
+    /// whole expected output): the work ahead, which the API server reports to a router as the
+    /// engine's load (absent from older snapshots: 0).
+    #[serde(default)]
+    pub expected_output_tokens: f64,
 }
 
 impl ArrivalSnapshot {
@@ -71,6 +76,7 @@ impl ArrivalSnapshot {
                 .zip(&load.classes)
                 .map(|(c, l)| (c.name.clone(), l.num_waiting_ahead))
                 .collect(),
+            expected_output_tokens: load.classes.iter().map(|l| l.expected_output_tokens).sum(),
         }
     }
 
@@ -94,12 +100,14 @@ impl ArrivalSnapshot {
             && snapshot.starts_per_s.is_finite()
             && snapshot.starts_per_s > 0.0
             && snapshot.first_token_lead_ms.is_finite()
-            && snapshot.first_token_lead_ms >= 0.0;
+            && snapshot.first_token_lead_ms >= 0.0
+            && snapshot.expected_output_tokens.is_finite()
+            && snapshot.expected_output_tokens >= 0.0;
         if !finite {
             return Err(Error::argument(
                 "arrival_snapshot",
                 shown(text),
-                "taken_ms, starts_per_s (> 0) and first_token_lead_ms (>= 0) must be finite",
+                "taken_ms, starts_per_s (> 0), first_token_lead_ms and expected_output_tokens (>= 0) must be finite",
             ));
         }
         Ok(snapshot)
@@ -207,9 +215,18 @@ impl ArrivalGate {
     }
 
     /// Decides one request arriving at `now_ms` (wall clock): the class it names, or its vLLM
-    /// priority's. An admitted request is counted into the queue the next requests meet.
-    pub fn decide(&mut self, now_ms: f64, slo_class: Option<&str>, priority: i64) -> Result<ArrivalDecision> {
+    /// priority's; `waited_ms` is how long its client has already waited for it elsewhere (a
+    /// retry after a shed, [`crate::WAITED_ARG`]), which its TTFT target has to cover too. An
+    /// admitted request is counted into the queue the next requests meet.
+    pub fn decide(
+        &mut self,
+        now_ms: f64,
+        slo_class: Option<&str>,
+        priority: i64,
+        waited_ms: f64,
+    ) -> Result<ArrivalDecision> {
         let now_ms = crate::error::check_time_ms("now_ms", now_ms)?;
+        let waited_ms = crate::request_args::check_waited_ms(waited_ms)?;
         let class = match slo_class {
             Some(name) => self.config.class_by_name(name).ok_or_else(|| Error::UnknownSloClass {
                 req_id: "(arriving)".to_owned(),
@@ -220,9 +237,11 @@ impl ArrivalGate {
         };
         let predicted_wait_ms = self.predicted_wait_ms(now_ms, class);
         let gate = &self.classes[class.index()];
-        let limit_ms = gate.ttft_ms * self.config.overload.arrival_wait_ttft_factor;
+        let limit_ms = gate.ttft_ms * self.config.overload.arrival_wait_ttft_factor - waited_ms;
         let refusal = match predicted_wait_ms {
-            Some(wait_ms) if gate.refusable && wait_ms > limit_ms => Some(self.notice(class, wait_ms)),
+            Some(wait_ms) if gate.refusable && wait_ms > limit_ms => {
+                Some(self.notice(class, wait_ms, waited_ms))
+            }
             _ => None,
         };
         if refusal.is_some() {
@@ -234,6 +253,16 @@ impl ArrivalGate {
             self.admitted.push_back((now_ms, gate.rank));
         }
         Ok(ArrivalDecision { class, predicted_wait_ms, refusal })
+    }
+
+    /// The work ahead on the engines behind this server, in expected output tokens: what it
+    /// reports to a router as its load (vllm-router's `power_of_two` reads an integer). Read from
+    /// the latest snapshots whatever their age: an idle engine publishes once and then stays
+    /// quiet, and its last word (nothing queued) is still true; no snapshot yet reads 0.
+    pub fn load_tokens(&self) -> u64 {
+        let total: f64 = self.snapshots.iter().map(|s| s.expected_output_tokens).sum();
+        // Finite and >= 0 by `ArrivalSnapshot::from_json`; `as` saturates past u64::MAX.
+        total.round() as u64
     }
 
     /// The least predicted wait for a first token over the engines with a fresh snapshot.
@@ -258,21 +287,32 @@ impl ArrivalGate {
             .reduce(f64::min)
     }
 
-    fn notice(&self, class: ClassId, wait_ms: f64) -> ShedNotice {
+    fn notice(&self, class: ClassId, wait_ms: f64, waited_ms: f64) -> ShedNotice {
         let c = &self.classes[class.index()];
         // Come back when the queue has drained the excess: at least a second.
-        let retry_after_s = ((wait_ms - c.ttft_ms) / 1_000.0).ceil().clamp(1.0, f64::from(u32::MAX)) as u32;
+        let excess_ms = wait_ms + waited_ms - c.ttft_ms;
+        let retry_after_s = (excess_ms / 1_000.0).ceil().clamp(1.0, f64::from(u32::MAX)) as u32;
         ShedNotice {
             message: format!(
                 "{SHED_MARKER}:{}:{retry_after_s}: a request of class `{}` arriving now would wait about {} ms for its \
-                 first token, past its TTFT target of {} ms; retry in {retry_after_s} s or on another instance",
+                 first token{}, past its TTFT target of {} ms; retry in {retry_after_s} s or on another instance",
                 ShedReason::Ttft.name(),
                 c.name,
                 wait_ms.round(),
+                waited_note(waited_ms),
                 c.ttft_ms
             ),
             retry_after_s,
         }
+    }
+}
+
+/// The part of a refusal's message about the time already waited elsewhere (none when none was).
+fn waited_note(waited_ms: f64) -> String {
+    if waited_ms > 0.0 {
+        format!(" after {} ms already waited", waited_ms.round())
+    } else {
+        String::new()
     }
 }
 
@@ -295,6 +335,7 @@ mod tests {
             starts_per_s,
             free_seats,
             first_token_lead_ms: 30.0,
+            expected_output_tokens: 0.0,
             num_ahead: ["interactive", "standard", "batch"]
                 .iter()
                 .map(|n| n.to_string())
@@ -306,11 +347,11 @@ mod tests {
     #[test]
     fn without_a_fresh_snapshot_every_request_is_admitted() {
         let mut g = gate("{}");
-        let d = g.decide(1_000.0, Some("interactive"), 0).unwrap();
+        let d = g.decide(1_000.0, Some("interactive"), 0, 0.0).unwrap();
         assert_eq!((d.predicted_wait_ms, d.refusal), (None, None));
         g.set_snapshots(vec![snapshot(0.0, 1.0, 0, [100, 100, 100])]);
-        assert!(g.decide(100.0, Some("interactive"), 0).unwrap().refusal.is_some());
-        let stale = g.decide(STALE_SNAPSHOT_MS + 1.0, Some("interactive"), 0).unwrap();
+        assert!(g.decide(100.0, Some("interactive"), 0, 0.0).unwrap().refusal.is_some());
+        let stale = g.decide(STALE_SNAPSHOT_MS + 1.0, Some("interactive"), 0, 0.0).unwrap();
         assert_eq!(
             (stale.predicted_wait_ms, stale.refusal),
             (None, None),
@@ -323,13 +364,13 @@ mod tests {
         let mut g = gate("{}");
         // 10 starts a second; 5 interactive ahead: ~0.6 s, inside 1 s; 20 standard ahead: ~2.1 s, inside 3 s.
         g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [5, 20, 40])]);
-        let d = g.decide(0.0, Some("interactive"), 0).unwrap();
+        let d = g.decide(0.0, Some("interactive"), 0, 0.0).unwrap();
         assert!(d.refusal.is_none() && (d.predicted_wait_ms.unwrap() - 630.0).abs() < 1.0, "{d:?}");
-        assert!(g.decide(0.0, Some("standard"), 0).unwrap().refusal.is_none());
+        assert!(g.decide(0.0, Some("standard"), 0, 0.0).unwrap().refusal.is_none());
         // 40 ahead of batch: ~4 s, inside its 60 s target.
-        assert!(g.decide(0.0, Some("batch"), 0).unwrap().refusal.is_none());
+        assert!(g.decide(0.0, Some("batch"), 0, 0.0).unwrap().refusal.is_none());
         g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [12, 20, 40])]);
-        let late = g.decide(0.0, Some("interactive"), 0).unwrap();
+        let late = g.decide(0.0, Some("interactive"), 0, 0.0).unwrap();
         let notice = late.refusal.expect("13 requests at 10 a second: 1.3 s past a 1 s target");
         assert_eq!(parse_shed_notice(&notice.message), Some((ShedReason::Ttft, 1)));
         assert_eq!(g.num_refused(), 1);
@@ -339,7 +380,8 @@ mod tests {
     fn what_the_gate_admits_counts_until_a_snapshot_has_seen_it_and_the_queue_drains_with_time() {
         let mut g = gate("{}");
         g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [0, 0, 0])]);
-        let decisions: Vec<_> = (0..12).map(|_| g.decide(0.0, Some("interactive"), 0).unwrap()).collect();
+        let decisions: Vec<_> =
+            (0..12).map(|_| g.decide(0.0, Some("interactive"), 0, 0.0).unwrap()).collect();
         let waits: Vec<f64> = decisions.iter().map(|d| d.predicted_wait_ms.unwrap()).collect();
         // No free seat: 30 ms of lead, then 100 ms for each place in the line, its own included.
         assert_eq!(&waits[..3], &[130.0, 230.0, 330.0], "a burst builds its own queue");
@@ -347,12 +389,49 @@ mod tests {
         assert_eq!(refused, [[false; 9].as_slice(), &[true; 3]].concat(), "{waits:?}");
         assert_eq!(waits[9], waits[11], "a refused request does not queue");
         // A second later ten have started: the queue is shorter.
-        let later = g.decide(1_000.0, Some("interactive"), 0).unwrap().predicted_wait_ms.unwrap();
+        let later = g.decide(1_000.0, Some("interactive"), 0, 0.0).unwrap().predicted_wait_ms.unwrap();
         assert!(later < *waits.last().unwrap(), "{later} vs {waits:?}");
         // A snapshot taken after those admissions has them in its own count.
         g.set_snapshots(vec![snapshot(1_001.0, 10.0, 4, [0, 0, 0])]);
-        let fresh = g.decide(1_001.0, Some("interactive"), 0).unwrap().predicted_wait_ms.unwrap();
+        let fresh = g.decide(1_001.0, Some("interactive"), 0, 0.0).unwrap().predicted_wait_ms.unwrap();
         assert_eq!(fresh, 30.0, "a free seat and nothing ahead: the lead alone");
+    }
+
+    #[test]
+    fn a_retry_counts_the_time_its_client_already_waited() {
+        let mut g = gate("{}");
+        // 5 interactive ahead at 10 a second: ~630 ms, inside 1 s for a first try.
+        g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [5, 20, 40])]);
+        assert!(g.decide(0.0, Some("interactive"), 0, 0.0).unwrap().refusal.is_none());
+        g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [5, 20, 40])]);
+        let retry = g.decide(0.0, Some("interactive"), 0, 600.0).unwrap();
+        let notice = retry.refusal.expect("630 ms more after 600 ms waited: past 1 s");
+        assert!(notice.message.contains("after 600 ms already waited"), "{}", notice.message);
+        assert_eq!(parse_shed_notice(&notice.message), Some((ShedReason::Ttft, 1)));
+        for bad in [-1.0, f64::NAN, crate::MAX_WAITED_MS * 2.0] {
+            let e = g.decide(0.0, Some("interactive"), 0, bad).unwrap_err().to_string();
+            assert!(e.contains(crate::WAITED_ARG), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_load_is_the_expected_output_on_every_engine_whatever_its_age() {
+        let mut g = gate("{}");
+        assert_eq!(g.load_tokens(), 0, "no snapshot yet: nothing known ahead");
+        let with_tokens = |taken_ms, tokens| ArrivalSnapshot {
+            expected_output_tokens: tokens,
+            ..snapshot(taken_ms, 10.0, 0, [0, 0, 0])
+        };
+        g.set_snapshots(vec![with_tokens(0.0, 1_200.4), with_tokens(0.0, 300.0)]);
+        assert_eq!(g.load_tokens(), 1_500);
+        // An idle engine's last snapshot stays true: its load does not vanish with age.
+        let _ = g.decide(10.0 * STALE_SNAPSHOT_MS, None, 0, 0.0).unwrap();
+        assert_eq!(g.load_tokens(), 1_500);
+        let old = r#"{"format": "meridian-arrival/1", "taken_ms": 0, "starts_per_s": 1, "free_seats": 0,
+                      "first_token_lead_ms": 0, "num_ahead": []}"#;
+        assert_eq!(ArrivalSnapshot::from_json(old).unwrap().expected_output_tokens, 0.0);
+        let negative = ArrivalSnapshot { expected_output_tokens: -1.0, ..snapshot(0.0, 1.0, 0, [0, 0, 0]) };
+        assert!(ArrivalSnapshot::from_json(&negative.to_json()).is_err());
     }
 
     #[test]
@@ -360,9 +439,9 @@ mod tests {
         let mut g = gate("{}");
         g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [0, 0, 0])]);
         for _ in 0..30 {
-            g.decide(0.0, Some("batch"), 0).unwrap();
+            g.decide(0.0, Some("batch"), 0, 0.0).unwrap();
         }
-        let d = g.decide(0.0, Some("interactive"), 0).unwrap();
+        let d = g.decide(0.0, Some("interactive"), 0, 0.0).unwrap();
         assert!(d.refusal.is_none() && d.predicted_wait_ms.unwrap() < 200.0, "{d:?}");
     }
 
@@ -376,7 +455,7 @@ mod tests {
         ] {
             let mut g = gate(json);
             g.set_snapshots(full());
-            assert!(g.decide(0.0, Some("interactive"), 0).unwrap().refusal.is_none(), "{json}");
+            assert!(g.decide(0.0, Some("interactive"), 0, 0.0).unwrap().refusal.is_none(), "{json}");
         }
         let classes = r#"{"classes": {
             "chat": {"ttft_ms": 1000, "ttfat_ms": 10000, "answer_tpot_ms": 50, "rank": 0, "on_overload": "queue"},
@@ -387,23 +466,23 @@ mod tests {
             num_ahead: vec![("chat".to_owned(), 100), ("api".to_owned(), 100)],
             ..snapshot(0.0, 1.0, 0, [0, 0, 0])
         }]);
-        assert!(g.decide(0.0, Some("chat"), 0).unwrap().refusal.is_none(), "a queue class waits");
-        assert!(g.decide(0.0, Some("api"), 0).unwrap().refusal.is_some());
+        assert!(g.decide(0.0, Some("chat"), 0, 0.0).unwrap().refusal.is_none(), "a queue class waits");
+        assert!(g.decide(0.0, Some("api"), 0, 0.0).unwrap().refusal.is_some());
     }
 
     #[test]
     fn several_engines_the_least_loaded_decides() {
         let mut g = gate("{}");
         g.set_snapshots(vec![snapshot(0.0, 10.0, 0, [100, 100, 100]), snapshot(0.0, 10.0, 4, [0, 0, 0])]);
-        assert!(g.decide(0.0, Some("interactive"), 0).unwrap().refusal.is_none());
+        assert!(g.decide(0.0, Some("interactive"), 0, 0.0).unwrap().refusal.is_none());
     }
 
     #[test]
     fn bad_input_is_an_error_that_names_it() {
         let mut g = gate("{}");
-        let e = g.decide(0.0, Some("gold"), 0).unwrap_err().to_string();
+        let e = g.decide(0.0, Some("gold"), 0, 0.0).unwrap_err().to_string();
         assert!(e.contains("`gold`") && e.contains("interactive"), "{e}");
-        assert!(g.decide(f64::NAN, None, 0).is_err());
+        assert!(g.decide(f64::NAN, None, 0, 0.0).is_err());
         for text in ["", "{}", r#"{"format": "other/1"}"#] {
             assert!(ArrivalSnapshot::from_json(text).is_err(), "{text}");
         }
@@ -424,7 +503,7 @@ mod tests {
         ) {
             let mut g = gate("{}");
             g.set_snapshots(vec![snapshot(0.0, starts_per_s, free_seats, ahead)]);
-            let d = g.decide(age_ms, Some("standard"), 0).unwrap();
+            let d = g.decide(age_ms, Some("standard"), 0, 0.0).unwrap();
             let wait_ms = d.predicted_wait_ms.unwrap();
             prop_assert!(wait_ms.is_finite() && wait_ms >= 30.0);
             prop_assert_eq!(d.refusal.is_some(), wait_ms > 3_000.0);
@@ -434,7 +513,7 @@ mod tests {
             let more = [ahead[0], ahead[1].saturating_add(10), ahead[2]];
             let mut h = gate("{}");
             h.set_snapshots(vec![snapshot(0.0, starts_per_s, free_seats, more)]);
-            let longer = h.decide(age_ms, Some("standard"), 0).unwrap().predicted_wait_ms.unwrap();
+            let longer = h.decide(age_ms, Some("standard"), 0, 0.0).unwrap().predicted_wait_ms.unwrap();
             prop_assert!(longer >= wait_ms);
         }
     }

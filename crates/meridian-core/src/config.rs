@@ -533,6 +533,12 @@ struct RawOverload {
     /// this many times its class's TTFT target (> 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     arrival_wait_ttft_factor: Option<f64>,
+    /// The HTTP status of a refusal at arrival or a shed before the first token: 429 or 503,
+    /// both with `Retry-After`. Routers retry both elsewhere; vllm-router's circuit breaker
+    /// counts a 503 as a failure of the server (ten in a row eject it for every class) and a 429
+    /// as a success.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shed_status: Option<u16>,
 }
 
 /// How the policy judges and triages work that does not fit (key `overload`). A request's
@@ -577,7 +583,15 @@ pub struct Overload {
     /// Admission at arrival refuses a request predicted to wait past this many times its class's
     /// TTFT target for its first token (default 1, > 0).
     pub arrival_wait_ttft_factor: f64,
+    /// The HTTP status of a shed answered before its first token, or a refusal at arrival: one
+    /// of [`SHED_STATUSES`] (default 429: a router retries it elsewhere without counting it
+    /// against the server's health).
+    pub shed_status: u16,
 }
+
+/// The HTTP statuses a shed may be answered with (`overload.shed_status`), both with
+/// `Retry-After`: 429 Too Many Requests and 503 Service Unavailable.
+pub const SHED_STATUSES: [u16; 2] = [429, 503];
 
 impl Default for Overload {
     fn default() -> Self {
@@ -592,6 +606,7 @@ impl Default for Overload {
             shed_until: ShedUntil::default(),
             admit_at_arrival: true,
             arrival_wait_ttft_factor: 1.0,
+            shed_status: 429,
         }
     }
 }
@@ -911,6 +926,7 @@ impl Config {
                 shed_until: Some(overload.shed_until),
                 admit_at_arrival: Some(overload.admit_at_arrival),
                 arrival_wait_ttft_factor: Some(overload.arrival_wait_ttft_factor),
+                shed_status: Some(overload.shed_status),
             }),
             request_log_path: self.request_log_path.clone(),
             warm_start: Some(self.warm_start),
@@ -1072,7 +1088,16 @@ fn validate_overload(raw: RawOverload) -> Result<Overload> {
             "overload.arrival_wait_ttft_factor",
             raw.arrival_wait_ttft_factor.unwrap_or(defaults.arrival_wait_ttft_factor),
         )?,
+        shed_status: shed_status(raw.shed_status.unwrap_or(defaults.shed_status))?,
     })
+}
+
+fn shed_status(status: u16) -> Result<u16> {
+    if SHED_STATUSES.contains(&status) {
+        Ok(status)
+    } else {
+        Err(Error::config("overload.shed_status", format!("{status} is not one of 429, 503")))
+    }
 }
 
 fn validate_predictor(raw: RawPredictor) -> Result<LearningRate> {
@@ -1281,12 +1306,17 @@ mod tests {
         .unwrap();
         let modes: Vec<_> = mixed.classes.iter().map(|c| c.on_overload.name()).collect();
         assert_eq!(modes, ["shed", "degrade"], "a class's own mode wins");
+        assert_eq!(config.overload.shed_status, 429);
+        let status = Config::from_json(r#"{"overload": {"shed_status": 503}}"#).unwrap().overload.shed_status;
+        assert_eq!(status, 503);
         for (json, key) in [
             (r#"{"overload": {"on_overload": "drop"}}"#, "overload.on_overload"),
             (r#"{"overload": {"min_success_probability": 1.5}}"#, "overload.min_success_probability"),
             (r#"{"overload": {"degrade_margin_ms": -1}}"#, "overload.degrade_margin_ms"),
             (r#"{"overload": {"fcfs_slack_ttft_factor": "x"}}"#, "overload.fcfs_slack_ttft_factor"),
             (r#"{"overload": {"shed_until": "never"}}"#, "overload.shed_until"),
+            (r#"{"overload": {"shed_status": 500}}"#, "overload.shed_status"),
+            (r#"{"overload": {"shed_status": "429"}}"#, "overload.shed_status"),
             (r#"{"overload": {"spare": 1}}"#, "overload.spare"),
         ] {
             let err = Config::from_json(json).unwrap_err().to_string();

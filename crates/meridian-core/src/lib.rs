@@ -11,7 +11,7 @@
 //! let mut core = Meridian::new(Config::default(), limits, markers).unwrap();
 //! let new = |req_id| NewRequest {
 //!     req_id, arrival_ms: 0.0, prompt_token_ids: &[7, 8, 9], max_tokens: 64,
-//!     slo_class: None, priority: 0,
+//!     slo_class: None, priority: 0, waited_ms: 0.0,
 //! };
 //! let (thinker, class) = core.add_request(new("a")).unwrap();
 //! assert_eq!(core.config().classes[class.index()].name, "standard"); // priority 0's class
@@ -46,7 +46,7 @@ pub mod thinking_stream;
 pub use admission::{ArrivalDecision, ArrivalGate, ArrivalSnapshot, ARRIVAL_SNAPSHOT_FORMAT};
 pub use config::{
     ArrivalPreemption, Config, KvTierConfig, Overload, Policy, PrefixAffinity, ReasoningBlockRule,
-    RestoreMode, StepTimeProfile,
+    RestoreMode, StepTimeProfile, SHED_STATUSES,
 };
 pub use error::{Error, Result};
 pub use kv_tier::{RestorePlan, TierCounters, TierId, TierSpan};
@@ -55,7 +55,7 @@ pub use ledger::{
 };
 pub use phase::{Phase, ReasoningMarkers, TokenKind};
 pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
-pub use request_args::check_request_args;
+pub use request_args::{check_request_args, MAX_WAITED_MS, WAITED_ARG};
 pub use scheduler::{
     parse_shed_notice, ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Footprint, Meridian, NewRequest,
     Preemption, ReqHandle, SchedulerStats, Shed, ShedNotice, ShedReason, StepPlan, SHED_MARKER,

@@ -1,6 +1,6 @@
-//! A request's own arguments for Meridian — [`CLASS_ARG`], [`THINKING_ARG`] and
-//! [`THINKING_BUDGET_ARG`] in its `vllm_xargs` / `SamplingParams.extra_args` — checked as the
-//! client sent them, before the request is admitted. One decision wherever it is made: in vLLM's
+//! A request's own arguments for Meridian — [`CLASS_ARG`], [`THINKING_ARG`],
+//! [`THINKING_BUDGET_ARG`] and [`WAITED_ARG`] in its `vllm_xargs` / `SamplingParams.extra_args`
+//! — checked as the client sent them, before the request is admitted. One decision wherever it is made: in vLLM's
 //! API server (where a failure becomes that request's HTTP 400) and in the scheduler (the last
 //! line, for requests no front-end check saw). Every error is [`Error::InvalidRequestArgs`]
 //! naming the argument.
@@ -9,6 +9,26 @@ use serde_json::{Map, Value};
 
 use crate::error::{shown, Error, Result};
 use crate::{Config, ThinkingControl, CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG};
+
+/// The request argument saying how long, in ms, the request's client has already waited for it
+/// elsewhere: a retry of a request another server shed (set by the client, or by
+/// `MeridianFrontend` from the `x-meridian-waited-ms` header a router may add). Its class's
+/// targets count that time, in admission at arrival and in the engine.
+pub const WAITED_ARG: &str = "meridian_waited_ms";
+/// The longest wait [`WAITED_ARG`] may report, ms (a day): a client's wait, not a timestamp.
+pub const MAX_WAITED_MS: f64 = 86_400_000.0;
+
+/// A reported wait elsewhere, checked: finite, from 0 to [`MAX_WAITED_MS`].
+pub fn check_waited_ms(waited_ms: f64) -> Result<f64> {
+    if waited_ms.is_finite() && (0.0..=MAX_WAITED_MS).contains(&waited_ms) {
+        Ok(waited_ms)
+    } else {
+        Err(Error::request_args(
+            WAITED_ARG,
+            format!("{waited_ms} must be a number of milliseconds from 0 to {MAX_WAITED_MS}"),
+        ))
+    }
+}
 
 /// Checks a request's Meridian arguments, given as the JSON object of its request arguments
 /// (other keys are ignored; a `null` value counts as absent).
@@ -19,6 +39,7 @@ use crate::{Config, ThinkingControl, CLASS_ARG, THINKING_ARG, THINKING_BUDGET_AR
 /// - [`THINKING_ARG`] (`"off"` or a JSON object, as text or as the object itself) and
 ///   [`THINKING_BUDGET_ARG`] (a whole number of tokens) must make a valid control
 ///   ([`ThinkingControl::for_request`]).
+/// - [`WAITED_ARG`] must be a number of ms from 0 to [`MAX_WAITED_MS`].
 ///
 /// `args_json` that is not a JSON object is the caller's fault, [`Error::InvalidArgument`].
 pub fn check_request_args(args_json: &str, config: Option<&Config>) -> Result<()> {
@@ -27,6 +48,7 @@ pub fn check_request_args(args_json: &str, config: Option<&Config>) -> Result<()
     check_class(present(&args, CLASS_ARG), config)?;
     let thinking = thinking_text(present(&args, THINKING_ARG))?;
     let budget = budget_tokens(present(&args, THINKING_BUDGET_ARG))?;
+    waited_ms(present(&args, WAITED_ARG))?;
     ThinkingControl::for_request(&ThinkingControl::default(), thinking.as_deref(), budget).map(drop)
 }
 
@@ -82,6 +104,21 @@ fn budget_tokens(value: Option<&Value>) -> Result<Option<i64>> {
     }
 }
 
+/// The wait a request reports ([`WAITED_ARG`]): 0 when absent.
+pub fn waited_ms(value: Option<&Value>) -> Result<f64> {
+    match value {
+        None => Ok(0.0),
+        Some(Value::Number(n)) => check_waited_ms(n.as_f64().unwrap_or(f64::NAN)),
+        Some(other) => Err(Error::request_args(
+            WAITED_ARG,
+            format!(
+                "{} must be a number of milliseconds from 0 to {MAX_WAITED_MS}",
+                shown(&other.to_string())
+            ),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,7 +146,7 @@ mod tests {
         let config = Config::default();
         check(serde_json::json!({}), Some(&config)).unwrap();
         check(serde_json::json!({"kv_transfer_params": {"x": 1}, "other": [1, 2]}), Some(&config)).unwrap();
-        let nulls = serde_json::json!({CLASS_ARG: null, THINKING_ARG: null, THINKING_BUDGET_ARG: null});
+        let nulls = serde_json::json!({CLASS_ARG: null, THINKING_ARG: null, THINKING_BUDGET_ARG: null, WAITED_ARG: null});
         check(nulls, Some(&config)).unwrap();
     }
 
@@ -193,6 +230,25 @@ mod tests {
             err.to_string(),
             "invalid request argument `meridian_thinking_budget_tokens`: -5 must be a whole number of tokens from 1 to 4294967295"
         );
+    }
+
+    #[test]
+    fn a_reported_wait_is_a_bounded_number_of_milliseconds() {
+        for ok in [serde_json::json!(0), serde_json::json!(1234.5), serde_json::json!(MAX_WAITED_MS)] {
+            check(serde_json::json!({WAITED_ARG: ok}), None).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        }
+        for bad in [
+            serde_json::json!(-1),
+            serde_json::json!(MAX_WAITED_MS + 1.0),
+            serde_json::json!("100"),
+            serde_json::json!(true),
+            serde_json::json!([100]),
+        ] {
+            let err = check(serde_json::json!({WAITED_ARG: bad}), None).unwrap_err();
+            assert!(err.to_string().contains("milliseconds"), "{err}");
+            assert_eq!(named(err), WAITED_ARG, "{bad}");
+        }
+        assert!(check_waited_ms(f64::NAN).is_err() && check_waited_ms(f64::INFINITY).is_err());
     }
 
     #[test]

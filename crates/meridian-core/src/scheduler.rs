@@ -86,6 +86,10 @@ pub struct NewRequest<'a> {
     pub slo_class: Option<&'a str>,
     /// vLLM priority (lower is more important); maps onto a class when none is named.
     pub priority: i64,
+    /// How long its client had already waited for it before it arrived here, ms (the request
+    /// argument [`crate::WAITED_ARG`]: a retry of a request shed elsewhere). Its deadlines run
+    /// from when its client first sent it, so a retry is not given a fresh TTFT target.
+    pub waited_ms: f64,
 }
 
 /// The decisions for one engine step.
@@ -657,6 +661,7 @@ impl Meridian {
     /// tracked when it fails: a class that is not configured is [`Error::UnknownSloClass`].
     pub fn add_request(&mut self, req: NewRequest<'_>) -> Result<(ReqHandle, ClassId)> {
         let arrival_ms = check_time_ms("arrival_ms", req.arrival_ms)?;
+        let waited_ms = crate::request_args::check_waited_ms(req.waited_ms)?;
         if self.by_req_id.contains_key(req.req_id) {
             return Err(Error::DuplicateRequest { req_id: req.req_id.to_owned() });
         }
@@ -673,7 +678,8 @@ impl Meridian {
             reasoning_start: prompt.reasoning_start,
             num_output_tokens: 0,
             tracker: PhaseTracker::new(&self.markers, prompt),
-            ledger: RequestLedger::new(arrival_ms),
+            // The client's clock: its targets count the time it waited elsewhere (never before 0).
+            ledger: RequestLedger::new((arrival_ms - waited_ms).max(0.0)),
             preempted: false,
             waiting_since_ms: arrival_ms,
             arrival_preempted_ms: None,
@@ -713,6 +719,7 @@ impl Meridian {
             max_tokens: 1,
             slo_class: Some(&class_name),
             priority: 0,
+            waited_ms: 0.0,
         })?;
         self.stats.num_added -= 1;
         self.stats.num_probes += 1;

@@ -36,11 +36,18 @@ impl PyArrivalGate {
         Ok(())
     }
 
-    /// Decides a request arriving at `now_ms` (wall clock): `(class, predicted wait ms or None,
-    /// refusal message or None, retry-after seconds or None)`.
-    #[pyo3(signature = (now_ms, slo_class, priority))]
-    fn decide(&mut self, now_ms: f64, slo_class: Option<&str>, priority: i64) -> PyResult<Decision> {
-        let d = self.inner.decide(now_ms, slo_class, priority).map_err(to_py)?;
+    /// Decides a request arriving at `now_ms` (wall clock) whose client already waited
+    /// `waited_ms` elsewhere: `(class, predicted wait ms or None, refusal message or None,
+    /// retry-after seconds or None)`.
+    #[pyo3(signature = (now_ms, slo_class, priority, waited_ms=0.0))]
+    fn decide(
+        &mut self,
+        now_ms: f64,
+        slo_class: Option<&str>,
+        priority: i64,
+        waited_ms: f64,
+    ) -> PyResult<Decision> {
+        let d = self.inner.decide(now_ms, slo_class, priority, waited_ms).map_err(to_py)?;
         let class = self.inner.class_name(d.class).to_owned();
         let (message, retry_after_s) = match d.refusal {
             Some(notice) => (Some(notice.message), Some(notice.retry_after_s)),
@@ -53,5 +60,11 @@ impl PyArrivalGate {
     #[getter]
     fn num_refused(&self) -> u64 {
         self.inner.num_refused()
+    }
+
+    /// The work ahead on the engines, in expected output tokens: the load reported to a router.
+    #[getter]
+    fn load_tokens(&self) -> u64 {
+        self.inner.load_tokens()
     }
 }

@@ -119,10 +119,16 @@ impl PyConfig {
         self.inner.warm_start_path.clone()
     }
 
-    /// Whether the API server refuses requests at arrival (the engine then publishes its queue).
+    /// Whether the API server refuses requests at arrival.
     #[getter]
     fn admits_at_arrival(&self) -> bool {
         self.inner.admits_at_arrival()
+    }
+
+    /// The HTTP status a shed or a refusal at arrival is answered with (429 or 503).
+    #[getter]
+    fn shed_status(&self) -> u16 {
+        self.inner.overload.shed_status
     }
 
     /// The scheduling policy (`meridian`, `answer_first`, `pascal`, `uniboost` or `scorpio`).
@@ -265,7 +271,7 @@ impl PyMeridian {
     }
 
     /// Starts tracking a request; returns its handle and the name of the SLO class it was given.
-    #[pyo3(signature = (req_id, arrival_ms, prompt_token_ids, max_tokens, slo_class, priority))]
+    #[pyo3(signature = (req_id, arrival_ms, prompt_token_ids, max_tokens, slo_class, priority, waited_ms=0.0))]
     fn add_request(
         &mut self,
         req_id: &str,
@@ -274,6 +280,7 @@ impl PyMeridian {
         max_tokens: u32,
         slo_class: Option<&str>,
         priority: i64,
+        waited_ms: f64,
     ) -> PyResult<(u64, String)> {
         let req = core::NewRequest {
             req_id,
@@ -282,6 +289,7 @@ impl PyMeridian {
             max_tokens,
             slo_class,
             priority,
+            waited_ms,
         };
         let (handle, class) = self.inner.add_request(req).map_err(to_py)?;
         Ok((handle.0, self.class_name(class)))
@@ -787,6 +795,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("CLASS_ARG", core::CLASS_ARG)?;
     m.add("THINKING_ARG", core::THINKING_ARG)?;
     m.add("THINKING_BUDGET_ARG", core::THINKING_BUDGET_ARG)?;
+    m.add("WAITED_ARG", core::WAITED_ARG)?;
     m.add("POLICY_NAMES", PyTuple::new(m.py(), core::Policy::ALL.map(core::Policy::name))?)?;
     m.add("THINKING_STOP_RULES", PyTuple::new(m.py(), core::StopReason::ALL.map(core::StopReason::as_str))?)?;
     m.add("SHED_MARKER", core::SHED_MARKER)?;

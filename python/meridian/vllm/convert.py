@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Any
 from meridian._core import Config, FinishedRequest, Meridian
 from meridian._core import check_request_args as _core_check_request_args
 from meridian.errors import ConfigError, InvalidArgumentError, MeridianError, RequestArgsError
-from meridian.vllm.names import CLASS_ARG, REPORT_FIELDS, REQUEST_ARGS, THINKING_STOP_FIELDS
+from meridian.vllm.names import CLASS_ARG, REPORT_FIELDS, REQUEST_ARGS, THINKING_STOP_FIELDS, WAITED_ARG
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -67,6 +67,14 @@ def requested_class(request: Request) -> str | None:
             f"got {value!r}"
         )
     return value
+
+
+def waited_ms(request: Request) -> float:
+    """How long the request's client already waited for it elsewhere (``meridian_waited_ms``, a
+    number the core has checked; 0 when absent)."""
+    extra = extra_args(request)
+    value = extra.get(WAITED_ARG) if extra else None
+    return 0.0 if value is None else float(value)
 
 
 def finish_reason(request: Request) -> str:

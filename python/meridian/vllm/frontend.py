@@ -1,8 +1,9 @@
 """``MeridianFrontend``: Meridian's part of vLLM's API server — a request's Meridian arguments
 checked before the engine sees them (HTTP 400 naming the argument), a request whose class would
-wait past its TTFT target refused as it arrives (admission at arrival), and a request that
-triage shed before its first token answered with HTTP 503 and ``Retry-After`` instead of an
-aborted completion.
+wait past its TTFT target refused as it arrives (admission at arrival), a request that triage
+shed before its first token answered with HTTP 429 or 503 (``overload.shed_status``) and
+``Retry-After`` instead of an aborted completion, and the load a router polls (``GET
+/get_load``).
 
 Selected with ``--middleware meridian.vllm.frontend.MeridianFrontend`` next to ``--scheduler-cls
 meridian.vllm.MeridianScheduler`` (``RequestArgsCheck``, its earlier name, is the same class).
@@ -28,21 +29,28 @@ JSON body, offline ``LLM`` use, servers started without this middleware.
 How it admits at arrival (when the configuration asks for it, ``overload.admit_at_arrival``): it
 reads a completion request's whole body first, hands its class (or priority) to the core's
 ``ArrivalGate`` — fed with the engines' published queues (``meridian.vllm.arrival``) — and either
-answers HTTP 503 with ``Retry-After`` and the core's notice at once, or passes the body on to the
+answers the shed status with ``Retry-After`` and the core's notice at once, or passes the body on to the
 route unchanged. A body it cannot read, arguments the core rejects (the route answers those with
 its 400) and any fault of the gate admit the request.
+
+How it speaks to a router: ``GET /get_load`` answers ``{"load": N}``, N the work ahead on this
+server's engines in expected output tokens (the core's ``ArrivalGate.load_tokens`` over the
+snapshots the engines publish), an integer because vllm-router's ``power_of_two`` drops anything
+else. A retry may say how long its client already waited elsewhere in the ``x-meridian-waited-ms``
+header: the body is rewritten to carry it as the ``meridian_waited_ms`` request argument (unless
+it carries one already), so the gate and the engine count it against the class's targets.
 
 How it answers a shed request: it holds a completion's response start (and any body that carries
 no token yet) until the body shows either a token — then everything goes out as it came, the
 client sees no difference but when its headers left — or, first, a choice that finished
 ``abort`` with a stop reason carrying the core's shed notice (``SHED_MARKER``). Then the client
-gets HTTP 503 with ``Retry-After`` and an OpenAI-style error body with the notice, which OpenAI
+gets HTTP 429 or 503 with ``Retry-After`` and an OpenAI-style error body with the notice, which OpenAI
 clients, load generators and routers treat as "try again later or elsewhere". A request shed
 after its first token (a thinking one, under ``shed_running``) ends its stream with that finish
 and message.
 
 Invariant: only an argument the core rejects stops a request here, and only a shed notice before
-any token turns a response into a 503; a body the check cannot read, a server not running
+any token turns a response into a 429 or 503; a body the check cannot read, a server not running
 ``MeridianScheduler``, or a fault of the check itself lets the request and its response through
 unchanged (the scheduler remains the last line).
 """
@@ -66,7 +74,9 @@ from meridian.errors import MeridianError, RequestArgsError  # noqa: E402
 from meridian.vllm import convert  # noqa: E402
 from meridian.vllm.arrival import ArrivalReader  # noqa: E402
 from meridian.vllm.config import config_from_vllm  # noqa: E402
-from meridian.vllm.names import MIDDLEWARE, REQUEST_ARGS, SCHEDULER_CLS, XARGS_FIELD  # noqa: E402
+from meridian.vllm.names import (  # noqa: E402
+    LOAD_PATH, MIDDLEWARE, REQUEST_ARGS, SCHEDULER_CLS, WAITED_ARG, WAITED_HEADER, XARGS_FIELD,
+)
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -83,9 +93,9 @@ _MARKER = os.path.commonprefix(list(REQUEST_ARGS)).encode()
 
 
 class MeridianFrontend:
-    """ASGI middleware: HTTP 400 for a request whose Meridian arguments the core rejects, HTTP 503
-    with ``Retry-After`` for one refused at arrival or shed before its first token (see the module
-    docs)."""
+    """ASGI middleware: HTTP 400 for a request whose Meridian arguments the core rejects, HTTP 429 or
+    503 with ``Retry-After`` for one refused at arrival or shed before its first token, and ``GET
+    /get_load`` for a router (see the module docs)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -99,28 +109,58 @@ class MeridianFrontend:
         self._reader: ArrivalReader | None = None
         self._refusals: ArrivalMetrics | None = None
         self._gate_failed = False
+        #: ``overload.shed_status`` and ``overload.admit_at_arrival`` as the core resolved them.
+        self._shed_status = 429
+        self._admits = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope.get("method") == "POST" and _is_json(scope) and self._is_active(scope):
+        if scope["type"] == "http" and scope.get("method") == "GET" and scope.get("path") == LOAD_PATH:
+            if self._is_active(scope):
+                await self._send_load(send)
+                return
+        elif scope["type"] == "http" and scope.get("method") == "POST" and _is_json(scope) and self._is_active(scope):
             if scope.get("path", "") in COMPLETION_PATHS:
-                if self._gate is not None:
+                waited = _header(scope, WAITED_HEADER.encode())
+                if waited is not None or self._admits:
                     messages = await _read_request(receive)
-                    refusal = self._admit(b"".join(m.get("body", b"") for m in messages))
+                    body = b"".join(m.get("body", b"") for m in messages)
+                    if waited is not None:
+                        body = _with_waited(body, waited)
+                        messages = [{"type": "http.request", "body": body, "more_body": False}]
+                    refusal = self._admit(body) if self._admits else None
                     if refusal is not None:
-                        await _send_shed(send, *refusal)
+                        await _send_shed(send, *refusal, self._shed_status)
                         return
                     receive = _Replay(messages, receive).receive
-                send = _ShedAnswer(send).send
+                send = _ShedAnswer(send, self._shed_status).send
             receive = _BodyCheck(receive, self._config).receive
         await self.app(scope, receive, send)
 
     def _is_active(self, scope: Scope) -> bool:
         if self._active is None:
             self._active, self._config = _server_config(scope)
-            if self._config is not None and self._config.admits_at_arrival:
+            if self._config is not None:
                 self._gate, self._reader = ArrivalGate(self._config), ArrivalReader()
-                self._refusals = _refusal_metrics(scope, self._config)
+                self._shed_status = self._config.shed_status
+                self._admits = self._config.admits_at_arrival
+                if self._admits:
+                    self._refusals = _refusal_metrics(scope, self._config)
         return self._active
+
+    async def _send_load(self, send: Send) -> None:
+        """``{"load": N}``: the work ahead on this server's engines in expected output tokens, an
+        integer as vllm-router's ``power_of_two`` reads it (0 before any engine has published)."""
+        assert self._gate is not None and self._reader is not None
+        try:
+            texts = self._reader.texts()
+            if texts is not None:
+                self._gate.set_snapshots(texts)
+        except MeridianError:
+            pass  # a torn snapshot: the previous ones stay
+        body = json.dumps({"load": self._gate.load_tokens}).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _admit(self, body: bytes) -> tuple[str, int] | None:
         """The refusal (notice, retry-after seconds) of a request the gate refuses at arrival, or
@@ -136,12 +176,14 @@ class MeridianFrontend:
             convert.check_request_args(xargs, self._config)
             slo_class = xargs.get(CLASS_ARG)
             priority = request.get("priority", 0)
+            waited_ms = xargs.get(WAITED_ARG)
             texts = self._reader.texts()
             if texts is not None:
                 self._gate.set_snapshots(texts)
             slo_class, _, message, retry_after_s = self._gate.decide(
                 time.time() * 1000.0, slo_class if isinstance(slo_class, str) else None,
-                priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
+                priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+                float(waited_ms) if isinstance(waited_ms, (int, float)) else 0.0)
         except (ValueError, RequestArgsError, MeridianError):
             return None
         except Exception:  # noqa: BLE001 - admission never fails a request
@@ -209,6 +251,38 @@ def _runs_meridian_scheduler(vllm_config: Any) -> bool:
     return isinstance(resolved, type) and issubclass(resolved, MeridianScheduler)
 
 
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    """A request header's value (the first, when repeated), or ``None``."""
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def _with_waited(body: bytes, header: bytes) -> bytes:
+    """The body with the ``x-meridian-waited-ms`` header's value as its ``meridian_waited_ms``
+    request argument (one the body carries itself wins), for the core to check and count. A body
+    that is not a JSON object goes on as it came (vLLM answers it); a header value that is not a
+    number goes on as it came, text, so the core's check names it in a 400."""
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(request, dict):
+        return body
+    xargs = request.get(XARGS_FIELD)
+    xargs = dict(xargs) if isinstance(xargs, dict) else {}
+    if xargs.get(WAITED_ARG) is not None:
+        return body
+    text = header.decode("latin-1").strip()
+    try:
+        value: float | str = float(text)
+    except ValueError:
+        value = text
+    request[XARGS_FIELD] = {**xargs, WAITED_ARG: value}
+    return json.dumps(request).encode()
+
+
 def _is_json(scope: Scope) -> bool:
     """Whether FastAPI would read the body as JSON (no content type, or a JSON one) and it is not
     compressed."""
@@ -263,15 +337,16 @@ def check_body(body: bytes, config: Config | None) -> None:
 
 class _ShedAnswer:
     """Wraps one response's ``send``: holds the response start and the body until it shows a token
-    (or the response ends), then lets everything through — or answers HTTP 503 when the first
-    thing it shows is a shed notice."""
+    (or the response ends), then lets everything through — or answers the shed status when the
+    first thing it shows is a shed notice."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, status: int) -> None:
         self._send = send
+        self._status = status
         self._start: Message | None = None
         self._held: list[Message] = []
         self._decided = False
-        #: A 503 went out instead: the rest of the route's response goes nowhere.
+        #: A shed answer went out instead: the rest of the route's response goes nowhere.
         self._replaced = False
 
     async def send(self, message: Message) -> None:
@@ -321,14 +396,19 @@ class _ShedAnswer:
     async def _answer_shed(self, message: str, retry_after_s: int) -> None:
         self._decided = self._replaced = True
         self._held.clear()
-        await _send_shed(self._send, message, retry_after_s)
+        await _send_shed(self._send, message, retry_after_s, self._status)
 
 
-async def _send_shed(send: Send, message: str, retry_after_s: int) -> None:
-    """HTTP 503 with ``Retry-After`` and an OpenAI-style error body carrying the shed notice."""
-    body = json.dumps({"error": {"message": message, "type": "ServiceUnavailableError", "param": None,
-                                 "code": 503}}).encode()
-    await send({"type": "http.response.start", "status": 503, "headers": [
+#: The OpenAI error type of each shed status (the names OpenAI's clients give them).
+_ERROR_TYPES = {429: "RateLimitError", 503: "ServiceUnavailableError"}
+
+
+async def _send_shed(send: Send, message: str, retry_after_s: int, status: int) -> None:
+    """HTTP ``status`` (429 or 503, ``overload.shed_status``) with ``Retry-After`` and an
+    OpenAI-style error body carrying the shed notice."""
+    body = json.dumps({"error": {"message": message, "type": _ERROR_TYPES[status], "param": None,
+                                 "code": status}}).encode()
+    await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         (b"retry-after", str(retry_after_s).encode())]})
     await send({"type": "http.response.body", "body": body, "more_body": False})

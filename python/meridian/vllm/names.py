@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 from meridian._core import (
-    CLASS_ARG, POLICY_NAMES, SHED_REASONS, THINKING_ARG, THINKING_BUDGET_ARG, THINKING_STOP_RULES,
+    CLASS_ARG, POLICY_NAMES, SHED_REASONS, THINKING_ARG, THINKING_BUDGET_ARG, THINKING_STOP_RULES, WAITED_ARG,
 )
 
 __all__ = [
@@ -43,6 +43,9 @@ __all__ = [
     "THINKING_ARG",
     "THINKING_BUDGET_ARG",
     "THINKING_STOP_FIELDS",
+    "WAITED_ARG",
+    "WAITED_HEADER",
+    "LOAD_PATH",
     "XARGS_FIELD",
 ]
 
@@ -57,7 +60,13 @@ LOGITS_PROCESSOR = "meridian.vllm.thinking:MeridianThinkingProcessor"
 MIDDLEWARE = "meridian.vllm.frontend.MeridianFrontend"
 
 #: Every request argument a client sends Meridian, as the core checks them.
-REQUEST_ARGS = (CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG)
+REQUEST_ARGS = (CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG, WAITED_ARG)
+#: Request header a router or client may set on a retry: how long, in ms, the client already
+#: waited for the request elsewhere (``MeridianFrontend`` hands it on as ``WAITED_ARG``).
+WAITED_HEADER = "x-meridian-waited-ms"
+#: The route ``MeridianFrontend`` serves for a router's load poll (vllm-router's
+#: ``power_of_two``): ``{"load": <integer>}``, the work ahead in expected output tokens.
+LOAD_PATH = "/get_load"
 #: Field of an OpenAI-API request body that carries the request arguments (vLLM's name; vLLM
 #: hands them on as ``SamplingParams.extra_args``).
 XARGS_FIELD = "vllm_xargs"

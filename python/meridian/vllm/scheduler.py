@@ -184,8 +184,9 @@ class MeridianScheduler(AsyncScheduler):
         #: scripted model directly).
         self.thinking_endings: set[str] = set()
         self.meridian.set_thinking_worker(self._bus is not None)
-        #: The queue the API server's admission at arrival reads (``MeridianFrontend``).
-        self._arrival = ArrivalPublisher() if config.admits_at_arrival else None
+        #: The queue the API server reads (``MeridianFrontend``): for admission at arrival, and for
+        #: the load it reports to a router (``GET /get_load``) under any configuration.
+        self._arrival = ArrivalPublisher()
         self._install_queues()
         #: Meridian's eviction order on an OffloadingConnector's tier, when one is configured.
         tier_policy = None if self.connector is None else CoreRestorePolicy(self.meridian, self.requests)
@@ -232,6 +233,7 @@ class MeridianScheduler(AsyncScheduler):
                 request.max_tokens,
                 convert.requested_class(request),
                 request.priority,
+                convert.waited_ms(request),
             )
         except (MeridianError, OverflowError, TypeError, ValueError) as exc:
             # Per-request input never takes the engine down: the request alone fails.
@@ -551,12 +553,11 @@ class MeridianScheduler(AsyncScheduler):
 
     def _publish_arrival(self, now_ms: float) -> None:
         # An engine that runs out of requests steps no more: its last snapshot must say so now.
-        if self._arrival is not None:
-            self._arrival.publish(
-                lambda: self.meridian.arrival_snapshot(
-                    now_ms, _handles(self.running), _handles((*self.waiting, *self.kv_holding_waiting))),
-                force=not self.has_requests(),
-            )
+        self._arrival.publish(
+            lambda: self.meridian.arrival_snapshot(
+                now_ms, _handles(self.running), _handles((*self.waiting, *self.kv_holding_waiting))),
+            force=not self.has_requests(),
+        )
 
     def _log_step(self, shape: dict[str, int], step_ms: float | None, meridian_ms: float) -> None:
         # The core measured the step (from when it could start until its output); the log
@@ -569,8 +570,7 @@ class MeridianScheduler(AsyncScheduler):
     def shutdown(self) -> None:
         if self._bus is not None:
             self._bus.close()
-        if self._arrival is not None:
-            self._arrival.close()
+        self._arrival.close()
         for log in (self._request_log, self._step_log):
             if log is not None:
                 log.close()

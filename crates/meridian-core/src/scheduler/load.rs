@@ -225,6 +225,7 @@ mod tests {
             max_tokens: 4096,
             slo_class: None,
             priority: 0,
+            waited_ms: 0.0,
         };
         core.add_request(new).unwrap().0
     }

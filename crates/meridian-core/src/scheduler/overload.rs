@@ -444,6 +444,7 @@ mod tests {
             max_tokens: 4096,
             slo_class: None,
             priority: 0,
+            waited_ms: 0.0,
         };
         core.add_request(new).unwrap().0
     }
@@ -676,6 +677,7 @@ mod tests {
                 max_tokens: 64,
                 slo_class: Some(class),
                 priority: 0,
+                waited_ms: 0.0,
             };
             core.add_request(req).unwrap().0
         };

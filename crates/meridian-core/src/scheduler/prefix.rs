@@ -122,6 +122,7 @@ mod tests {
             max_tokens: 64,
             slo_class: None,
             priority: 0,
+            waited_ms: 0.0,
         };
         let handle = core.add_request(new).unwrap().0;
         core.set_block_hashes(handle, (first..first + 4).collect()).unwrap();

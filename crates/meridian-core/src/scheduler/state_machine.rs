@@ -275,6 +275,7 @@ impl Sut {
             max_tokens,
             slo_class: name,
             priority,
+            waited_ms: 0.0,
         });
         let valid = matches!(clock, Clock::Now) && !matches!(class, ClassArg::Unknown(_));
         if valid {
@@ -379,6 +380,7 @@ impl Sut {
                         max_tokens: 4,
                         slo_class: None,
                         priority: 0,
+                        waited_ms: 0.0,
                     });
                     self.refused(before, result, "a live req_id is refused");
                     assert_eq!(self.core.handle_of(&req_id), Some(h));

@@ -40,6 +40,7 @@ fn add_class(
         max_tokens: 4096,
         slo_class: class,
         priority: 0,
+        waited_ms: 0.0,
     })
     .unwrap()
     .0
@@ -259,6 +260,7 @@ fn finished_reasoning_requests_report_never_reusable_blocks_unless_tool_call() {
         max_tokens: 64,
         slo_class: None,
         priority: 0,
+        waited_ms: 0.0,
     };
     let (plain, _) = core.add_request(new("plain")).unwrap();
     let (tool, _) = core.add_request(new("tool")).unwrap();
@@ -286,6 +288,7 @@ fn bad_input_gets_named_errors() {
             max_tokens: 1,
             slo_class: None,
             priority: 0,
+            waited_ms: 0.0,
         })
         .unwrap_err();
     assert_eq!(err, Error::DuplicateRequest { req_id: "a".into() });
@@ -297,6 +300,7 @@ fn bad_input_gets_named_errors() {
             max_tokens: 1,
             slo_class: Some("gold"),
             priority: 0,
+            waited_ms: 0.0,
         })
         .unwrap_err();
     assert!(err.to_string().contains("gold") && err.to_string().contains("interactive"), "{err}");
@@ -495,7 +499,7 @@ proptest! {
                     next_id += 1;
                     let (h, resolved) = core.add_request(NewRequest {
                         req_id: &id, arrival_ms: now, prompt_token_ids: &prompt, max_tokens: 512,
-                        slo_class: class, priority: 0,
+                        slo_class: class, priority: 0, waited_ms: 0.0,
                     }).unwrap();
                     let expected = class.map_or(core.config().class_for_priority(0), |name| {
                         core.config().class_by_name(name).unwrap()
@@ -736,6 +740,7 @@ fn new_request<'a>(req_id: &'a str, slo_class: Option<&'a str>, priority: i64) -
         max_tokens: 64,
         slo_class,
         priority,
+        waited_ms: 0.0,
     }
 }
 
@@ -1366,4 +1371,28 @@ fn a_request_whose_kv_does_not_fit_holds_up_none_behind_it_until_it_starves() {
     let plan = core.plan_step(later, &[], &waiting, 20).unwrap();
     assert_eq!(plan.waiting_order[0], 0);
     assert_eq!(plan.num_admissible, 1, "an idle engine lets the head try, as vLLM would");
+}
+
+#[test]
+fn a_retry_keeps_the_deadlines_its_client_started_elsewhere() {
+    let mut core = engine_with_policy("scorpio");
+    let prompt = vec![WORD; 16];
+    let new = |req_id, waited_ms| NewRequest {
+        req_id,
+        arrival_ms: 1_000.0,
+        prompt_token_ids: &prompt,
+        max_tokens: 64,
+        slo_class: Some("standard"),
+        priority: 0,
+        waited_ms,
+    };
+    let fresh = core.add_request(new("fresh", 0.0)).unwrap().0;
+    // Sent 2.5 s earlier and shed elsewhere: its TTFT deadline is 1.5 s, the fresh one's 4 s.
+    let retried = core.add_request(new("retried", 2_500.0)).unwrap().0;
+    let plan = core.plan_step(1_000.0, &[], &[fresh, retried], 10_000).unwrap();
+    assert_eq!(plan.waiting_order, vec![1, 0], "the earlier deadline first");
+    let done = core.finish(1_100.0, retried, "stop", &[WORD]).unwrap();
+    assert_eq!(done.ledger.arrival_ms, 0.0, "waited longer than the clock: counted from 0");
+    let err = core.add_request(new("bad", -5.0)).unwrap_err();
+    assert!(err.to_string().contains(crate::WAITED_ARG), "{err}");
 }

@@ -156,6 +156,7 @@ pub(super) mod tests {
             max_tokens: 64,
             slo_class: None,
             priority: 0,
+            waited_ms: 0.0,
         };
         core.add_request(new).unwrap().0
     }
@@ -207,6 +208,7 @@ pub(super) mod tests {
             max_tokens: 4096,
             slo_class: None,
             priority: 0,
+            waited_ms: 0.0,
         };
         let handle = core.add_request(new).unwrap().0;
         core.on_tokens(1.0, handle, &[1]).unwrap();
