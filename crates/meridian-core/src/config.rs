@@ -524,7 +524,7 @@ struct RawOverload {
     #[serde(skip_serializing_if = "Option::is_none")]
     shed_until: Option<ShedUntil>,
     /// A request of a `shed` class that would wait past its TTFT target behind the queue the
-    /// engine publishes is refused in the API server as it arrives (HTTP 503 with
+    /// engine publishes is refused in the API server as it arrives (HTTP `shed_status` with
     /// `Retry-After`; needs `--middleware meridian.vllm.frontend.MeridianFrontend`), before it
     /// joins the queue.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -272,6 +272,8 @@ impl PyMeridian {
 
     /// Starts tracking a request; returns its handle and the name of the SLO class it was given.
     #[pyo3(signature = (req_id, arrival_ms, prompt_token_ids, max_tokens, slo_class, priority, waited_ms=0.0))]
+    // One argument per field of the core's `NewRequest`: Python's call names them.
+    #[allow(clippy::too_many_arguments)]
     fn add_request(
         &mut self,
         req_id: &str,

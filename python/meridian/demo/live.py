@@ -45,7 +45,7 @@ ROWS = [
     ("good_requests", "requests within their class targets", "{:.0f}"),
     ("interactive_good", "  of which interactive", "{:.0f}"),
     ("failed", "failed requests", "{:.0f}"),
-    ("shed", "shed by triage (HTTP 503 + Retry-After)", "{:.0f}"),
+    ("shed", "shed by triage (HTTP 429 + Retry-After)", "{:.0f}"),
     ("preemptions", "preemptions (vLLM /metrics)", "{:.0f}"),
     ("preemptions_answer", "  of which answering (Meridian ledger)", "{:.0f}"),
     ("speed_probe", "machine speed probe, before / after [ms]", "{}"),

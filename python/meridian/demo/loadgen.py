@@ -317,7 +317,7 @@ def server_args(policy: str | Arm, model: LiveModel, repo: Path, *, step_log: Pa
         if request_log is not None:
             config["request_log_path"] = str(request_log)
         # With the middleware, as the README serves it: a request triage sheds before its first
-        # token is answered 503 + Retry-After, which aiperf records as an error naming the notice.
+        # token is answered 429 + Retry-After, which aiperf records as an error naming the notice.
         args += ["--scheduler-cls", SCHEDULER_CLS, "--middleware", MIDDLEWARE,
                  "--additional-config", json.dumps(additional_config(spec, config))]
     return args
@@ -328,15 +328,20 @@ def server_args(policy: str | Arm, model: LiveModel, repo: Path, *, step_log: Pa
 ENGINE_PROCESS_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
 
 
-def pin(server: VllmServer) -> dict[str, Any]:
-    """The engine core and its model worker (every thread) alone on the last CPU; the API server
-    on the others (the load generator is started there too, by ``aiperf_command``'s caller)."""
+def pin(server: VllmServer, engine_cpu: int | None = None) -> dict[str, Any]:
+    """The engine core and its model worker (every thread) alone on one CPU (``engine_cpu``, by
+    default the last this process may use); the API server on the others (the load generator is
+    started there too, by ``aiperf_command``'s caller). Two servers on two CPUs: each engine on
+    its own, each API server on the other's."""
     import psutil
 
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         raise RuntimeError(f"pinning needs two or more CPUs; this process may use {cpus}")
-    engine_cpus, front_cpus = {cpus[-1]}, set(cpus[:-1])
+    engine = cpus[-1] if engine_cpu is None else engine_cpu
+    if engine not in cpus:
+        raise RuntimeError(f"CPU {engine} is not one this process may use ({cpus})")
+    engine_cpus, front_cpus = {engine}, set(cpus) - {engine}
     assert server.process is not None
     root = psutil.Process(server.process.pid)
     placed: dict[str, Any] = {"engine_core": [], "front": []}
@@ -386,7 +391,7 @@ class RecordTimes:
     num_output_tokens: int
     #: The generated text, from the raw export only (``parse_raw_record``); ``None`` otherwise.
     text: str | None = None
-    #: Refused under load before its first token (Meridian's HTTP 503 with the shed notice, or
+    #: Refused under load before its first token (Meridian's HTTP 429 with the shed notice, or
     #: vLLM's valve's 503): a missed request, not a failure.
     shed: bool = False
     #: For a refused request: ms from its send to the refusal's arrival (the notice time).
@@ -588,7 +593,7 @@ def summary_row(artifacts: Path, records: list[RecordTimes], classes: Iterable[C
         value = export.get(metric)
         row[name] = value.get(stat) if isinstance(value, dict) else None
     errors = export.get("error_summary") or []
-    # Shed requests are answered 503 on purpose: counted in ``shed`` (from the records), not here.
+    # Shed requests are answered 429 (or 503) on purpose: counted in ``shed`` (from the records), not here.
     in_stream = [e for e in errors if valve and VALVE_IN_STREAM in str((e.get("error_details") or {}).get("message"))]
     errors = [e for e in errors if not is_shed_error(e.get("error_details")) and e not in in_stream]
     row["errors"] = sum(int(e.get("count", 1)) for e in errors)

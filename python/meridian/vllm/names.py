@@ -56,7 +56,7 @@ SCHEDULER_CLS = "meridian.vllm.MeridianScheduler"
 #: ``--logits-processors`` value.
 LOGITS_PROCESSOR = "meridian.vllm.thinking:MeridianThinkingProcessor"
 #: ``--middleware`` value: the request arguments checked in vLLM's API server (HTTP 400), shed
-#: requests answered with HTTP 503.
+#: requests answered with HTTP 429 or 503, the load a router polls.
 MIDDLEWARE = "meridian.vllm.frontend.MeridianFrontend"
 
 #: Every request argument a client sends Meridian, as the core checks them.
@@ -158,7 +158,7 @@ SERIES: dict[str, Series] = {s.key: s for s in (
            "Requests ended early because they could no longer meet their class's targets "
            "(on_overload: shed), by the target they would miss."),
     Series("arrival_refusals", "meridian:arrival_refusals_total", "counter", ("class",),
-           "Requests refused by admission at arrival (HTTP 503 + Retry-After before they reached the engine: "
+           "Requests refused by admission at arrival (HTTP 429 or 503 + Retry-After before they reached the engine: "
            "their class would have waited past its TTFT target), by class; written by the API server.",
            process="api_server"),
     Series("thinking_stops", "meridian:thinking_stops_total", "counter", ("rule",),
