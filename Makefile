@@ -69,6 +69,10 @@ bench-live: setup bench-live-setup  ## Live A/B: stock vLLM vs Meridian under ai
 	$(PY) bench/live_ab.py --model tiny
 	$(PY) bench/live_ab.py --model compute
 
+.PHONY: bench-fleet
+bench-fleet: setup bench-live-setup  ## Fleet A/B: two vLLM replicas behind vllm-router, stock, vLLM's valve and Meridian's arms, aiperf at the router (bench/fleet_ab.py)
+	$(PY) bench/fleet_ab.py
+
 .PHONY: tiny-model
 tiny-model: setup  ## Retrain the tiny reasoning model fixture (seeded, ~5 min on 2 cores) and rewrite its manifest
 	$(PY) scripts/train_tiny.py tests/fixtures/tiny-reasoner --steps 1500 --seed 0

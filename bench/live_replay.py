@@ -27,49 +27,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from meridian.demo.loadgen import BLOCK_SIZE_TOKENS, LIVE_MODELS, MAX_NUM_SEQS, ClassTargets, RecordTimes, is_good
+from meridian.demo.loadgen import LIVE_MODELS, ClassTargets, RecordTimes, is_good, live_profile, workload_trace
 from meridian.offline.engine import offline_environment
-from meridian.offline.tiny import prompt_words
 from meridian.replay.policies import policy_spec, replay_policy
-from meridian.replay.profiles import Profile, fit_profile
+from meridian.replay.profiles import fit_profile
 from meridian.replay.report import is_shed, summarize
-from meridian.replay.traces import TraceRequest
 from meridian.replay.workload import model_dir_for, offline_requests
 
 REPO = Path(__file__).resolve().parent.parent
 #: Live arm → the replay's policy name (the valve's cap is the live run's).
 REPLAY_POLICY = {"stock": "vllm-fcfs", "fcfs+cap": "vllm-fcfs+cap={cap}", "priority+cap": "vllm-priority+cap={cap}",
                  "priority": "vllm-priority", "meridian": "meridian"}
-#: vLLM's ``max_num_batched_tokens`` on the live servers (the CPU build's default): the prompts
-#: are a dozen tokens, so it never binds.
-MAX_NUM_BATCHED_TOKENS = 2048
-
-
-def base_profile(model_name: str, kv_cache_tokens: int) -> Profile:
-    """The live server's capacity, with placeholder step times the fit replaces."""
-    model = LIVE_MODELS[model_name]
-    capacity = {"block_size": BLOCK_SIZE_TOKENS, "num_kv_blocks": kv_cache_tokens // BLOCK_SIZE_TOKENS,
-                "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                "max_model_len": model.max_model_len}
-    costs = {"base_ms": 1.0, "per_prefill_token_ms": 0.01, "per_decode_request_ms": 0.1, "per_context_token_ms": 0.001}
-    sources = {key: "the live server's arguments (meridian.demo.loadgen.server_args)" for key in capacity}
-    sources.update({key: "placeholder, replaced by the fit" for key in costs})
-    return Profile.from_json({"name": f"live-{model_name}", "description": "the live CPU server", "model": "linear",
-                              **capacity, **costs, "sources": sources})
-
-
-def workload_requests(path: Path) -> list[TraceRequest]:
-    """The workload file's requests as the replay takes them (request k is line k)."""
-    out = []
-    for k, line in enumerate(path.read_text().splitlines()):
-        entry = json.loads(line)
-        words = entry["text"].split()  # "think N answer M"
-        think, answer = int(words[1]), int(words[3])
-        out.append(TraceRequest(
-            req_id=f"r{k}", arrival_ms=float(entry["timestamp"]), num_prompt_tokens=len(prompt_words(think, answer)),
-            num_output_tokens=think + answer, num_think_tokens=think, num_answer_tokens=answer,
-            slo_class=entry["extra"]["vllm_xargs"]["meridian_class"]))
-    return out
 
 
 def live_records(folder: Path, name: str) -> list[RecordTimes]:
@@ -115,9 +83,9 @@ def main() -> int:
             with gzip.open(f"{step_log}.gz", "rt") as src:
                 step_log = args.cache_dir / f"live-replay-{fit_name}.jsonl"
                 step_log.write_text(src.read())
-        profile = fit_profile(step_log, base_profile(settings["model"], kv_tokens), f"live-{fit_name}")
+        profile = fit_profile(step_log, live_profile(settings["model"], kv_tokens), f"live-{fit_name}")
         print(f"load {load}x: profile {profile.name}: {profile.sources['fit']}", flush=True)
-        traces = workload_requests(args.folder / f"workload-{load}x.jsonl")
+        traces = workload_trace(args.folder / f"workload-{load}x.jsonl")
         meridian_config = {"classes": model.meridian_classes(), "default_class": "standard"}
         from meridian._core import Config
 

@@ -18,6 +18,7 @@ from typing import TypeVar
 from meridian._core import __version__
 from meridian.demo import PARTS as DEMO_PARTS
 from meridian.errors import MeridianError
+from meridian.replay.fleet import ROUTERS as FLEET_ROUTERS
 from meridian.replay.policies import POLICIES, TUNED_VALVE
 from meridian.replay.runner import DEFAULT_PROFILE
 
@@ -145,6 +146,13 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     replay.add_argument("--host-tier-gib", type=_non_negative, default=0.0,
                         help="host memory of a KV tier (vLLM's OffloadingConnector, loads at the profile's host link) "
                              "every policy runs with, in GiB (default 0: none)")
+    replay.add_argument("--fleet", type=_positive_int, default=1,
+                        help="engines behind a router, each with the policy's own scheduler (default 1: no router)")
+    replay.add_argument("--router", choices=FLEET_ROUTERS, default="round_robin",
+                        help="the fleet's router model (vllm-router's round_robin and power_of_two on /get_load, "
+                             "least requests, or per-class saturation); default round_robin")
+    replay.add_argument("--retry-attempts", type=_positive_int, default=3,
+                        help="the router's attempts in all per request on sheds (1: no retry; default 3)")
     replay.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     replay.add_argument("--json", type=Path, default=None, help="write the metrics to this JSON file")
     replay.add_argument("--report-dir", type=Path, default=None, help="write PNG plots and replay.json here")
@@ -199,6 +207,7 @@ def _replay(args: argparse.Namespace) -> int:
         duration_s=args.duration_s, limit=args.limit, profile=args.profile, policies=args.policies,
         config=args.config, seed=args.seed, jobs=args.jobs, progress=not args.no_progress,
         cache_dir=args.cache_dir, json_path=args.json, report_dir=args.report_dir, host_tier_gib=args.host_tier_gib,
+        fleet=args.fleet, router=args.router, retry_attempts=args.retry_attempts,
     )
 
 

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -29,8 +26,9 @@ import httpx
 import pytest
 
 from meridian._core import SHED_MARKER, parse_shed_notice
+from meridian.demo.fleet import VllmRouter, replica_cpus
 from meridian.demo.loadgen import metric_sums, pin
-from meridian.demo.server import VllmServer, free_port
+from meridian.demo.server import VllmServer
 from meridian.offline.tiny import LETTERS
 from meridian.vllm.names import CONFIG_KEY, METRIC_NAMES, MIDDLEWARE
 
@@ -41,7 +39,6 @@ from test_middleware import (
 
 pytestmark = pytest.mark.vllm
 
-ROUTER = Path(sys.executable).parent / "vllm-router"
 #: Requests sent through the router while A's seats are held.
 NUM_ROUTED = 8
 #: Attempts in all per request: more than the servers, as the recipe says.
@@ -53,41 +50,22 @@ SHED_SERIES = (METRIC_NAMES["shed_requests"], METRIC_NAMES["arrival_refusals"])
 
 @pytest.fixture(scope="module")
 def fleet(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    assert ROUTER.exists(), f"{ROUTER} is missing: make setup installs vllm-router (scripts/requirements.txt)"
     folder = tmp_path_factory.mktemp("live-router")
     model = long_context_model(folder / "model")
-    cpus = sorted(os.sched_getaffinity(0))
+    cpus = replica_cpus(2)
     with ExitStack() as stack:
         servers = {}
-        for i, name in enumerate(("A", "B")):
+        for name, cpu in zip(("A", "B"), cpus):
             config = dict(CLASSES, step_log_path=str(folder / f"steps-{name}.jsonl"),
                           overload={"shed_running": False})
             args = SERVER_ARGS + ["--middleware", MIDDLEWARE, "--additional-config", json.dumps({CONFIG_KEY: config})]
             servers[name] = stack.enter_context(
                 VllmServer(model, args, log_path=folder / f"serve-{name}.log", cache_dir=cache_dir))
-            if len(cpus) >= 2:
-                pin(servers[name], engine_cpu=cpus[i % len(cpus)])
-        port, metrics_port = free_port(), free_port()
-        with open(folder / "router.log", "wb") as log:
-            router = subprocess.Popen(
-                [str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
-                 "--worker-urls", servers["A"].base_url, servers["B"].base_url, "--retry-max-retries", str(ATTEMPTS),
-                 "--prometheus-port", str(metrics_port), "--log-level", "warning"],
-                stdout=log, stderr=subprocess.STDOUT)
-        stack.callback(router.wait, 10)
-        stack.callback(router.terminate)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert router.poll() is None and time.monotonic() < deadline, (folder / "router.log").read_text()[-2000:]
-            time.sleep(0.2)
-        yield {"servers": servers, "router": url, "router_metrics": f"http://127.0.0.1:{metrics_port}/metrics",
-               "step_log_A": folder / "steps-A.jsonl"}
+            if cpu is not None:
+                pin(servers[name], engine_cpu=cpu)
+        router = stack.enter_context(VllmRouter([servers["A"].base_url, servers["B"].base_url], "round_robin",
+                                                folder / "router.log", ("--retry-max-retries", str(ATTEMPTS))))
+        yield {"servers": servers, "router": router, "step_log_A": folder / "steps-A.jsonl"}
 
 
 async def routed_behind_held_seats(fleet: dict[str, Any]) -> tuple[bool, list[tuple[float, int, dict[str, str], Any]]]:
@@ -96,7 +74,7 @@ async def routed_behind_held_seats(fleet: dict[str, Any]) -> tuple[bool, list[tu
     a = fleet["servers"]["A"].base_url
     limits = httpx.Limits(max_connections=16)
     async with httpx.AsyncClient(base_url=a, timeout=300, limits=limits) as to_a, \
-            httpx.AsyncClient(base_url=fleet["router"], timeout=300, limits=limits) as to_router:
+            httpx.AsyncClient(base_url=fleet["router"].base_url, timeout=300, limits=limits) as to_router:
         holders = [asyncio.create_task(request(to_a, "calm", False, HOLDER_TOKENS)) for _ in range(2)]
         if not await both_seats_decoding(fleet["step_log_A"], holders):
             for holder in holders:
@@ -109,16 +87,6 @@ async def routed_behind_held_seats(fleet: dict[str, Any]) -> tuple[bool, list[tu
             holder.cancel()
         await asyncio.gather(*holders, return_exceptions=True)
         return held, results
-
-
-def router_sums(fleet: dict[str, Any]) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(fleet["router_metrics"], timeout=10).text):
-        for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    return sums
 
 
 def shed_sums(fleet: dict[str, Any], until: float) -> float:
@@ -150,9 +118,8 @@ def test_a_saturated_server_sheds_and_the_router_serves_it_on_the_other(fleet: d
             finish, content = answer_of(result, False)
             assert (finish, content.split()) == ("stop", LETTERS[:NUM_ANSWER]), result
     assert statuses.count(200) >= NUM_ROUTED // 2, "B is idle: what A sheds, B serves"
-    router = router_sums(fleet)
-    retries = router.get("vllm_router_retries_total", 0.0)
-    exhausted = router.get("vllm_router_retries_exhausted_total", 0.0)
+    router = fleet["router"].sums(["vllm_router_retries_total", "vllm_router_retries_exhausted_total"])
+    retries, exhausted = router["vllm_router_retries_total"], router["vllm_router_retries_exhausted_total"]
     assert retries >= 1, ("round robin sends every other first attempt to the saturated A", router)
     assert exhausted == statuses.count(SHED_STATUS), router
     # Every shed a server counted was one attempt the router saw shed: retried, or the last.

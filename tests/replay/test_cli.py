@@ -148,3 +148,28 @@ def test_a_malformed_trace_fails_with_its_line_number(tmp_path: Path, capsys: py
     assert main(["replay", "--trace", str(trace), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "t.jsonl:3" in err and "num_prompt_tokens" in err
+
+
+def test_a_fleet_replay_serves_every_request_once_behind_the_router(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    code = main(["replay", "--trace", str(write_trace(tmp_path / "t.jsonl", n=24)), "--profile",
+                 str(write_profile(tmp_path / "p.json")), "--policies", "vllm-fcfs,meridian", "--fleet", "3",
+                 "--router", "power_of_two", "--json", str(out), "--no-progress", "--cache-dir",
+                 str(tmp_path / "cache"), "--jobs", "1"])
+    assert code == 0
+    payload = json.loads(out.read_text())
+    assert payload["workload"]["fleet"] == {"engines": 3, "router": "power_of_two", "attempts": 3}
+    for policy in ("vllm-fcfs", "meridian"):
+        summary = payload["policies"][policy]
+        assert summary["submitted"] == 24 and summary["fleet"] == 3 and summary["router"] == "power_of_two"
+        assert summary["good_per_engine"] == pytest.approx(summary["good"] / 3)
+
+
+@pytest.mark.parametrize(("args", "message"), [(["--fleet", "0"], "--fleet"), (["--router", "nearest"], "--router"),
+                                               (["--retry-attempts", "0"], "--retry-attempts")])
+def test_bad_fleet_arguments_name_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
+                                           message: str) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["replay", "--trace", str(write_trace(tmp_path / "t.jsonl", n=3)), "--no-progress", *args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

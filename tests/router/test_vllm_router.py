@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
+from meridian.demo.fleet import VllmRouter, router_binary
 from meridian.vllm.names import BUS_DIR_ENV, CLASS_ARG, WAITED_ARG, WAITED_HEADER, XARGS_FIELD
 
 pytestmark = pytest.mark.vllm
 
 HERE = Path(__file__).resolve().parent
-ROUTER = Path(sys.executable).parent / "vllm-router"
 CLASSES = {"classes": {"interactive": {"ttft_ms": 1000, "ttfat_ms": 10000, "answer_tpot_ms": 100, "rank": 0}},
            "default_class": "interactive"}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}], XARGS_FIELD: {CLASS_ARG: "interactive"}}
@@ -78,17 +78,11 @@ class Fleet:
                          "--additional-config", config], name, {BUS_DIR_ENV: str(self.bus)})
         for process, (name, url) in zip(self.processes, self.servers.items()):
             _wait_healthy(url, process, self.folder / f"{name}.log")
-        self.router: str | None = None
-        self.metrics: str | None = None
+        self.router: VllmRouter | None = None
 
     def route(self, policy: str, *extra: str) -> None:
-        port, metrics_port = _free_port(), _free_port()
-        self.router, self.metrics = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}/metrics"
-        process = self._start(
-            [str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *self.servers.values(),
-             "--policy", policy, "--prometheus-port", str(metrics_port), "--log-level", "warning", *extra],
-            "router", {})
-        _wait_healthy(self.router, process, self.folder / "router.log")
+        self.router = VllmRouter(list(self.servers.values()), policy, self.folder / "router.log", extra)
+        self.router.__enter__()
 
     def _start(self, command: list[str], name: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
         with open(self.folder / f"{name}.log", "wb") as log:
@@ -110,19 +104,12 @@ class Fleet:
         import httpx
 
         assert self.router is not None
-        return httpx.post(f"{self.router}/v1/chat/completions", json=CHAT, headers=headers or {}, timeout=30.0)
+        return httpx.post(f"{self.router.base_url}/v1/chat/completions", json=CHAT, headers=headers or {}, timeout=30.0)
 
     def router_series(self, name: str) -> dict[str, float]:
-        """The router's Prometheus samples of one series, by their label text."""
-        import httpx
-
-        assert self.metrics is not None
-        samples = {}
-        for line in httpx.get(self.metrics, timeout=5.0).text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                labels, _, value = line.rpartition(" ")
-                samples[labels[len(name):]] = float(value)
-        return samples
+        """The router's Prometheus samples of one series, by their labels."""
+        assert self.router is not None
+        return self.router.series().get(name, {})
 
     def publish(self, name: str, expected_output_tokens: float) -> None:
         """The snapshot an engine behind server ``name`` would publish, with this much work ahead."""
@@ -135,6 +122,8 @@ class Fleet:
         (self.bus / f"meridian-arrival-{pid}-1.json").write_text(json.dumps(snapshot))
 
     def close(self) -> None:
+        if self.router is not None:
+            self.router.__exit__(None, None, None)
         for process in self.processes:
             process.terminate()
         for process in self.processes:
@@ -146,7 +135,7 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    assert ROUTER.exists(), f"{ROUTER} is missing: make setup installs vllm-router (scripts/requirements.txt)"
+    router_binary()  # installed by make setup, pinned in scripts/requirements.txt: missing is a failure
     fleet = Fleet(tmp_path, {})
     try:
         yield fleet
@@ -199,7 +188,7 @@ def test_power_of_two_follows_the_load_meridian_reports(fleet: Fleet) -> None:
 
 @pytest.mark.parametrize(("shed_status", "ejected"), [(429, False), (503, True)])
 def test_only_a_503_shed_trips_the_routers_circuit_breaker(tmp_path: Path, shed_status: int, ejected: bool) -> None:
-    assert ROUTER.exists(), f"{ROUTER} is missing: make setup installs vllm-router (scripts/requirements.txt)"
+    router_binary()  # installed by make setup, pinned in scripts/requirements.txt: missing is a failure
     fleet = Fleet(tmp_path, {"shed_status": shed_status})
     try:
         fleet.route("round_robin")

@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
+    from meridian.replay.profiles import Profile
+    from meridian.replay.traces import TraceRequest
+
 #: aiperf's export names of the summary metrics a round reports, with the statistic taken.
 SUMMARY_METRICS = {
     "ttft_p50_ms": ("time_to_first_token", "p50"), "ttft_p99_ms": ("time_to_first_token", "p99"),
@@ -328,11 +331,13 @@ def server_args(policy: str | Arm, model: LiveModel, repo: Path, *, step_log: Pa
 ENGINE_PROCESS_TITLES = ("VLLM::EngineCore", "VLLM::Worker")
 
 
-def pin(server: VllmServer, engine_cpu: int | None = None) -> dict[str, Any]:
+def pin(server: VllmServer, engine_cpu: int | None = None, *, front_anywhere: bool = False) -> dict[str, Any]:
     """The engine core and its model worker (every thread) alone on one CPU (``engine_cpu``, by
     default the last this process may use); the API server on the others (the load generator is
-    started there too, by ``aiperf_command``'s caller). Two servers on two CPUs: each engine on
-    its own, each API server on the other's."""
+    started there too, by ``aiperf_command``'s caller), or with ``front_anywhere`` on any CPU.
+    Two servers on two CPUs: each engine on its own, the API servers where the kernel finds room
+    (held to the other engine's CPU, one API server was seen passing no request on for 15 s while
+    that engine ran flat out)."""
     import psutil
 
     cpus = sorted(os.sched_getaffinity(0))
@@ -341,7 +346,7 @@ def pin(server: VllmServer, engine_cpu: int | None = None) -> dict[str, Any]:
     engine = cpus[-1] if engine_cpu is None else engine_cpu
     if engine not in cpus:
         raise RuntimeError(f"CPU {engine} is not one this process may use ({cpus})")
-    engine_cpus, front_cpus = {engine}, set(cpus) - {engine}
+    engine_cpus, front_cpus = {engine}, set(cpus) if front_anywhere else set(cpus) - {engine}
     assert server.process is not None
     root = psutil.Process(server.process.pid)
     placed: dict[str, Any] = {"engine_core": [], "front": []}
@@ -930,3 +935,44 @@ def round_settings(args: argparse.Namespace, repo: Path, bench: str, **extra: An
     return RoundSettings(model=model, repo=repo, cache_dir=repo / ".cache", aiperf=aiperf, pin=args.pin,
                          cooldown_s=args.cooldown_s, warmup=args.warmup, workers=args.workers,
                          timeout_s=args.timeout_s, **extra)
+
+
+# ---- the live workloads as the replay takes them ---------------------------------------------------
+
+#: vLLM's ``max_num_batched_tokens`` on the live servers (the CPU build's default): the prompts
+#: are a dozen tokens, so it never binds.
+MAX_NUM_BATCHED_TOKENS = 2048
+
+
+def live_profile(model_name: str, kv_cache_tokens: int) -> Profile:
+    """A live server's capacity (its KV blocks, seats and context) as a replay profile, with
+    placeholder step times that a fit to the server's step log replaces (``fit_profile``)."""
+    from meridian.replay.profiles import Profile
+
+    model = LIVE_MODELS[model_name]
+    capacity = {"block_size": BLOCK_SIZE_TOKENS, "num_kv_blocks": kv_cache_tokens // BLOCK_SIZE_TOKENS,
+                "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                "max_model_len": model.max_model_len}
+    costs = {"base_ms": 1.0, "per_prefill_token_ms": 0.01, "per_decode_request_ms": 0.1, "per_context_token_ms": 0.001}
+    sources = {key: "the live server's arguments (meridian.demo.loadgen.server_args)" for key in capacity}
+    sources.update({key: "placeholder, replaced by the fit" for key in costs})
+    return Profile.from_json({"name": f"live-{model_name}", "description": "the live CPU server", "model": "linear",
+                              **capacity, **costs, "sources": sources})
+
+
+def workload_trace(path: Path) -> list[TraceRequest]:
+    """A live workload file's requests as the replay takes them (request ``r<k>`` is line k): the
+    fixture answers ``think N answer M`` with exactly N thinking tokens and M answer tokens."""
+    from meridian.offline.tiny import prompt_words
+    from meridian.replay.traces import TraceRequest
+
+    out = []
+    for k, line in enumerate(path.read_text().splitlines()):
+        entry = json.loads(line)
+        words = entry["text"].split()  # "think N answer M"
+        think, answer = int(words[1]), int(words[3])
+        out.append(TraceRequest(
+            req_id=f"r{k}", arrival_ms=float(entry["timestamp"]), num_prompt_tokens=len(prompt_words(think, answer)),
+            num_output_tokens=think + answer, num_think_tokens=think, num_answer_tokens=answer,
+            slo_class=entry["extra"]["vllm_xargs"]["meridian_class"]))
+    return out

@@ -343,6 +343,12 @@ class OfflineRequest:
     #: The ``meridian_class`` it asks for (``None``: none).
     slo_class: str | None = None
     priority: int = 0
+    #: How long its client had already waited for it before it arrived here, ms (a retry after
+    #: a shed elsewhere): the judge counts it against the class's targets, whatever the server knows.
+    waited_ms: float = 0.0
+    #: Whether it tells the server that wait (the ``meridian_waited_ms`` argument, as
+    #: ``MeridianFrontend`` makes of a router's ``x-meridian-waited-ms``).
+    reports_wait: bool = False
 
 
 def scripted_request(
@@ -387,6 +393,8 @@ class Timeline:
     #: The reason an arrival gate gave for refusing the request (e.g. ``valve``); ``None`` when
     #: no gate refused it. A refused request is shed at its arrival: its notice time is 0.
     shed_by: str | None = None
+    #: When it finished on the engine's clock (its arrival for a refused or rejected one).
+    finished_ms: float | None = None
 
 
 @dataclass
@@ -713,12 +721,12 @@ class OfflineEngine:
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.request import Request
 
-        from meridian.vllm.names import CLASS_ARG
+        from meridian.vllm.names import CLASS_ARG, WAITED_ARG
 
         known_class = offline.slo_class if offline.slo_class in self._observer_classes else None
         handle, slo_class = self.observer.add_request(
             offline.req_id, offline.arrival_ms, list(offline.prompt_token_ids), max(offline.max_tokens, 1),
-            known_class, max(-_PRIORITY_LIMIT, min(_PRIORITY_LIMIT, offline.priority)),
+            known_class, max(-_PRIORITY_LIMIT, min(_PRIORITY_LIMIT, offline.priority)), offline.waited_ms,
         )
         timeline = Timeline(offline.req_id, slo_class, offline.arrival_ms)
         self.result.timelines[offline.req_id] = timeline
@@ -727,6 +735,7 @@ class OfflineEngine:
             # (the observer forgets it; it never reached a scheduler).
             self.observer.finish(self.now_ms, handle, "abort", [])
             timeline.finish_reason = "rejected"
+            timeline.finished_ms = offline.arrival_ms
             self.result.num_rejected += 1
             self.progress(1)
             return
@@ -737,13 +746,16 @@ class OfflineEngine:
             # reached; the observer counts it as a request that met nothing.
             timeline.report = self.observer.finish(offline.arrival_ms, handle, "abort", [])
             timeline.finish_reason = REFUSED
+            timeline.finished_ms = offline.arrival_ms
             timeline.shed_by = str(refusal)
             self.result.num_refused += 1
             self.progress(1)
             return
         init_none_hash(sha256)
-        extra = {CLASS_ARG: offline.slo_class} if offline.slo_class is not None else None
-        params = SamplingParams(max_tokens=offline.max_tokens, temperature=0.0, extra_args=extra)
+        extra: dict[str, Any] = {CLASS_ARG: offline.slo_class} if offline.slo_class is not None else {}
+        if offline.reports_wait and offline.waited_ms > 0:
+            extra[WAITED_ARG] = offline.waited_ms
+        params = SamplingParams(max_tokens=offline.max_tokens, temperature=0.0, extra_args=extra or None)
         params.update_from_generation_config({}, EOS)
         request = Request(
             request_id=offline.req_id,
@@ -779,6 +791,7 @@ class OfflineEngine:
         timeline.thinking_stopped_by = offline.script.thinking_stopped_by
         timeline.finish_reason = reason
         timeline.stop_reason = stop_reason
+        timeline.finished_ms = self.now_ms
         timeline.report = self.observer.finish(self.now_ms, handle, reason, [])
         self.progress(1)
 

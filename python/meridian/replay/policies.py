@@ -289,20 +289,34 @@ class MeridianAdmission:
         return MeridianAdmission(config) if config.admits_at_arrival else None
 
     def __call__(self, engine: OfflineEngine, request: OfflineRequest) -> str | None:
-        scheduler = engine.scheduler
         now_ms = engine.now_ms
         if now_ms - self._published_ms >= self._period_ms:
             self._published_ms = now_ms
-            from meridian.vllm.scheduler import HANDLE_ATTR
-
-            def handles(requests: Any) -> list[int]:
-                return [h for r in requests if (h := getattr(r, HANDLE_ATTR, None)) is not None]
-
-            snapshot = scheduler.meridian.arrival_snapshot(
-                now_ms, handles(scheduler.running), handles((*scheduler.waiting, *scheduler.kv_holding_waiting)))
-            self._gate.set_snapshots([snapshot])
-        _, _, refusal, _ = self._gate.decide(now_ms, request.slo_class, request.priority)
+            snapshot = published_snapshot(engine)
+            if snapshot is not None:
+                self._gate.set_snapshots([snapshot])
+        waited_ms = request.waited_ms if request.reports_wait else 0.0
+        _, _, refusal, _ = self._gate.decide(now_ms, request.slo_class, request.priority, waited_ms)
         return ARRIVAL if refusal is not None else None
+
+
+def published_snapshot(engine: OfflineEngine) -> str | None:
+    """The queue the engine's scheduler would publish now (``Meridian.arrival_snapshot``, the
+    JSON text ``MeridianFrontend`` reads for admission and ``GET /get_load``); ``None`` for an
+    engine without a Meridian core (stock vLLM publishes nothing)."""
+    from meridian._core import Meridian
+    from meridian.vllm.scheduler import HANDLE_ATTR
+
+    scheduler = engine.scheduler
+    core = getattr(scheduler, "meridian", None)
+    if not isinstance(core, Meridian):
+        return None
+
+    def handles(requests: Any) -> list[int]:
+        return [h for r in requests if (h := getattr(r, HANDLE_ATTR, None)) is not None]
+
+    return core.arrival_snapshot(
+        engine.now_ms, handles(scheduler.running), handles((*scheduler.waiting, *scheduler.kv_holding_waiting)))
 
 
 def chain_gates(*gates: ArrivalGate | None) -> ArrivalGate | None:

@@ -28,7 +28,8 @@ from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
 from meridian.replay.policies import (
     POLICIES, TUNED_VALVE, TUNED_VALVE_BASE, HostTier, WorkloadMeans, best_queue_cap, check_policy_name,
-    effective_seats, policy_spec, queue_cap_grid, refined_queue_caps, replay_policy, with_queue_cap,
+    ReplayResult, effective_seats, policy_spec, queue_cap_grid, refined_queue_caps, replay_engine, replay_policy,
+    with_queue_cap,
 )
 from meridian.replay.profiles import Profile
 from meridian.replay.report import PolicyRun, plot_cdfs, plot_load_sweep, policy_run, table, write_json
@@ -73,6 +74,11 @@ class ReplayOptions:
     jobs: int = 0  # 0: one per core, at most one per run
     progress: bool = True
     cache_dir: Path = Path(".cache")
+    #: Engines behind a router (``meridian.replay.fleet``); 1: one engine, no router.
+    fleet: int = 1
+    #: The fleet's router model (``fleet.ROUTERS``) and its attempts in all per request.
+    router: str = "round_robin"
+    retry_attempts: int = 3
 
     def with_cache_dir(self, cache_dir: Path) -> ReplayOptions:
         return dataclasses.replace(self, cache_dir=cache_dir)
@@ -175,19 +181,25 @@ def _run_one(
     cache_dir: Path,
     host_tier: HostTier | None,
     tick: Callable[[int], None],
+    fleet: tuple[int, str, int] = (1, "round_robin", 3),
 ) -> PolicyRun:
     scaled = traces.scale_rate(requests, rate_scale)
     config = Config.from_json(json.dumps(meridian_config))
-    result = replay_policy(
-        policy_spec(policy),
-        offline_requests(scaled, profile, config),
-        profile,
-        meridian_config=meridian_config,
-        model_dir=model_dir_for(profile, cache_dir),
-        progress=tick,
-        host_tier=host_tier,
-    )
-    return policy_run(result, rate_scale)
+    spec = policy_spec(policy)
+    offline = offline_requests(scaled, profile, config)
+    engine_options = dict(meridian_config=meridian_config, model_dir=model_dir_for(profile, cache_dir), progress=tick,
+                          host_tier=host_tier)
+    num_engines, router, attempts = fleet
+    if num_engines <= 1:
+        return policy_run(replay_policy(spec, offline, profile, **engine_options), rate_scale)
+    from meridian.replay.fleet import Retries, Router, replay_fleet
+
+    engines = [replay_engine(spec, [], profile, **engine_options) for _ in range(num_engines)]
+    run = replay_fleet(engines, offline, Router(router, num_engines, seed=0), Retries(attempts=attempts))
+    result = policy_run(ReplayResult(spec.name, run.client_run()), rate_scale)
+    result.summary.update(fleet=num_engines, router=router, retries=run.num_retries,
+                          good_per_engine=result.summary["good"] / num_engines)
+    return result
 
 
 # Worker state, set in the parent before forking (so workers inherit it without pickling).
@@ -197,7 +209,7 @@ _WORK: dict[str, Any] = {}
 def _worker(job: tuple[str, float]) -> PolicyRun:
     queue = _WORK["queue"]
     return _run_one(*job, _WORK["requests"], _WORK["profile"], _WORK["config"], _WORK["cache_dir"], _WORK["host_tier"],
-                    queue.put)
+                    queue.put, _WORK["fleet"])
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:
@@ -209,6 +221,9 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     host_tier = HostTier.of(profile, options.host_tier_gib)  # fails on a profile without a host link
     requests, workload = build_workload(options)
     check_classes(requests, options.meridian_config)
+    fleet = check_fleet(options)
+    if options.fleet > 1:
+        workload["fleet"] = {"engines": options.fleet, "router": options.router, "attempts": options.retry_attempts}
     workload["rate_scales"] = list(options.rate_scales)
     workload["host_tier"] = None if host_tier is None else {
         "gib": options.host_tier_gib, "num_blocks": host_tier.num_blocks, "load_ms_per_token": host_tier.load_ms_per_token}
@@ -220,7 +235,8 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     def execute(jobs: list[tuple[str, float]]) -> list[PolicyRun]:
         num_workers = min(len(jobs), options.jobs or (os.cpu_count() or 1))
         if num_workers <= 1:
-            return [_run_one(p, s, requests, profile, options.meridian_config, options.cache_dir, host_tier, bar.update)
+            return [_run_one(p, s, requests, profile, options.meridian_config, options.cache_dir, host_tier, bar.update,
+                             fleet)
                     for p, s in jobs]
         return _run_parallel(jobs, requests, profile, host_tier, options, num_workers, bar.update)
 
@@ -238,6 +254,19 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     finally:
         bar.close()
     return ReplayReport(workload=workload, profile=profile, runs=_in_order(runs, tuned, options))
+
+
+def check_fleet(options: ReplayOptions) -> tuple[int, str, int]:
+    """The fleet options as ``_run_one`` takes them; a ``ValueError`` naming the bad one."""
+    from meridian.replay.fleet import ROUTERS
+
+    if options.fleet < 1:
+        raise ValueError(f"--fleet {options.fleet}: a fleet needs at least one engine")
+    if options.router not in ROUTERS:
+        raise ValueError(f"--router {options.router!r}: expected one of {', '.join(ROUTERS)}")
+    if options.retry_attempts < 1:
+        raise ValueError(f"--retry-attempts {options.retry_attempts}: at least 1 (the first send)")
+    return options.fleet, options.router, options.retry_attempts
 
 
 def tuned_valve_caps(requests: Sequence[traces.TraceRequest], profile: Profile,
@@ -280,7 +309,7 @@ def _run_parallel(
     context = multiprocessing.get_context("fork")
     queue = context.SimpleQueue()
     _WORK.update(requests=requests, profile=profile, config=options.meridian_config, cache_dir=options.cache_dir,
-                 host_tier=host_tier, queue=queue)
+                 host_tier=host_tier, queue=queue, fleet=check_fleet(options))
     done = threading.Event()
 
     def pump() -> None:
@@ -375,6 +404,9 @@ def replay_command(
     json_path: Path | None,
     report_dir: Path | None,
     host_tier_gib: float = 0.0,
+    fleet: int = 1,
+    router: str = "round_robin",
+    retry_attempts: int = 3,
 ) -> int:
     """``meridian replay``: runs the replay its flags describe, prints the table, writes outputs.
     Without a trace: the bundled excerpt at the demo's window and load (the whole excerpt at its
@@ -399,6 +431,9 @@ def replay_command(
         jobs=jobs,
         progress=progress,
         cache_dir=cache_dir,
+        fleet=fleet,
+        router=router,
+        retry_attempts=retry_attempts,
     )
     report = run_replay(options)
     print(render(report))
