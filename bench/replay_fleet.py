@@ -8,9 +8,9 @@ factor that makes the stock arm's replay meet as many requests as its live round
 point the same way?
 
 ``traces``: corpus scenarios (the public traces) at N engines, each engine at the scenario's
-FCFS-50 % rate on average (``--loads-from``), ``--per-engine`` requests per engine: requests
-meeting every target per engine, stock vLLM and Meridian under each router, with and without
-retries.
+FCFS-50 % rate on average (``--loads-from``) times ``--rate-factor``, ``--per-engine`` requests
+per engine: requests meeting every target per engine, stock vLLM and Meridian under each router,
+with and without retries.
 
     .venv/bin/python bench/replay_fleet.py live bench/results/fleet_ab_long_2026-12-06 \\
         --step-log bench/results/live_overload_servegen_long_2026-12-06/steps-1.5x-0-meridian.jsonl.gz --scale stock
@@ -144,7 +144,7 @@ def traces_mode(args: argparse.Namespace) -> int:
     out: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
     for name in args.scenarios:
         scenario = scenarios[name]
-        rate_per_engine = loads[name][0.5][0]
+        rate_per_engine = loads[name][0.5][0] * args.rate_factor
         profile = Profile.load(scenario.profile)
         config = scenario_config(scenario)
         for n in args.engines:
@@ -157,12 +157,13 @@ def traces_mode(args: argparse.Namespace) -> int:
             requests = offline_requests(trace_ops.scale_rate(base, rate_per_engine * n), profile,
                                         Config.from_json(json.dumps(config)))
             for label, policy, router, attempts in TRACE_ARMS:
-                key = f"{name} N={n} {label}"
+                key = f"{name} x{args.rate_factor:g} N={n} {label}"
                 if key in out:
                     continue
                 started = time.monotonic()
                 s = run_fleet(policy, router, attempts, requests, profile, config, n, args.cache_dir, seed=args.seed)
-                out[key] = {"scenario": name, "engines": n, "label": label, "rate_per_engine": rate_per_engine,
+                out[key] = {"scenario": name, "engines": n, "label": label, "rate_factor": args.rate_factor,
+                            "rate_per_engine": rate_per_engine,
                             "requests": len(requests), "good": s["good"], "good_per_engine": s["good_per_engine"],
                             "shed": s["shed"], "retries": s["retries"], "throughput_tok_s": s["throughput_tok_s"],
                             "per_class": {c: v["good"] for c, v in s["per_class"].items()},
@@ -185,6 +186,9 @@ def main() -> int:
     tr.add_argument("--scenarios", nargs="+", required=True)
     tr.add_argument("--engines", type=lambda s: [int(x) for x in s.split(",")], default=[2, 8, 32])
     tr.add_argument("--per-engine", type=int, default=200, help="requests per engine")
+    tr.add_argument("--rate-factor", type=float, default=1.0,
+                    help="each engine's rate as a multiple of the scenario's FCFS-50 %% rate (a short run needs more "
+                         "to build the queue the whole scenario builds)")
     tr.add_argument("--loads-from", type=Path, required=True, help="a corpus.json with the FCFS-50 %% rates")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--out", type=Path, default=REPO / "bench" / "results" / f"replay_fleet_{time.strftime('%Y-%m-%d')}.json")
