@@ -8,8 +8,9 @@ queueing class ``calm``, sent to A directly, decode thousands of tokens on its t
 step log shows both decoding, requests of the shedding class ``rush`` (400 ms TTFT target) go to
 the router one after another. Round robin sends every other first attempt to A, which refuses it
 at arrival (or its engine sheds it before a first token): the router retries it on B, idle, which
-serves it. Each engine runs alone on its own core (two CPUs: A's on the first, B's on the second),
-as the fleet A/B places them.
+serves it. Each engine runs alone on its own core (two CPUs: A's on the first, B's on the second)
+and the API servers on either, as the fleet A/B places them (held to the other engine's core, an
+API server can pass nothing on for seconds while that engine runs flat out).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def fleet(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             servers[name] = stack.enter_context(
                 VllmServer(model, args, log_path=folder / f"serve-{name}.log", cache_dir=cache_dir))
             if cpu is not None:
-                pin(servers[name], engine_cpu=cpu)
+                pin(servers[name], engine_cpu=cpu, front_anywhere=True)
         router = stack.enter_context(VllmRouter([servers["A"].base_url, servers["B"].base_url], "round_robin",
                                                 folder / "router.log", ("--retry-max-retries", str(ATTEMPTS))))
         yield {"servers": servers, "router": router, "step_log_A": folder / "steps-A.jsonl"}
