@@ -499,6 +499,19 @@ def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random
     assert len(demoted) >= NUM_PROMPTS * 2, seen["ranks"]
 
 
+def insert_chunk(policy: Any, key: Any, chunk: Any, context: Any) -> None:
+    """A stored chunk into a cache policy: vLLM 0.33's ``insert`` takes the storing request's
+    context (and ranks a request's blocks by their positions in it, none here), 0.32's does not."""
+    import inspect
+
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    if "req_context" in inspect.signature(LRUCachePolicy.insert).parameters:
+        policy.insert(key, chunk, context)
+    else:
+        policy.insert(key, chunk)
+
+
 def test_the_policy_evicts_never_reusable_blocks_first() -> None:
     """On vLLM's own policy classes: three requests' blocks stored in order; the middle one
     finishes with its blocks from token 64 on never reusable; eviction takes those first."""
@@ -513,7 +526,7 @@ def test_the_policy_evicts_never_reusable_blocks_first() -> None:
         for i, key in enumerate(keys):
             chunk = ChunkStatus(chunk_id=i)
             chunk.ref_cnt = 0  # stored and ready
-            policy.insert(key, chunk)
+            insert_chunk(policy, key, chunk, ReqContext(req_id=f"stored-{i}"))
         middle = ReqContext(req_id="b")
         for j, key in enumerate(keys[4:8]):
             middle.set_offload_key_position(key, (j + 1) * BLOCK_TOKENS)
@@ -545,7 +558,7 @@ def test_a_live_request_s_blocks_stay_until_it_finishes() -> None:
         for i, key in enumerate(keys):
             chunk = ChunkStatus(chunk_id=first_chunk + i)
             chunk.ref_cnt = 0
-            policy.insert(key, chunk)
+            insert_chunk(policy, key, chunk, context)
 
     keys = [make_offload_key(bytes([i]) * 8, 0) for i in range(6)]
     for kept in (True, False):

@@ -75,3 +75,22 @@ def test_scheduler_cls_flag_resolves_to_meridian() -> None:
         scheduler_cls="meridian.vllm.MeridianScheduler",
     )
     assert config.get_scheduler_cls() is MeridianScheduler
+
+
+def test_the_tier_cache_policy_interface_never_reusable_first_lru_overrides() -> None:
+    """``NeverReusableFirstLRU`` (``meridian.vllm.kvtier``) subclasses vLLM's ``LRUCachePolicy``
+    and overrides these methods; it writes ``_ranks`` and pushes to the evictable heap. vLLM 0.33
+    added the storing request's context to ``insert`` and made the ranks ``(rank, -position)``
+    tuples (0.32: ints); the subclass follows whichever is installed."""
+    from vllm import __version__
+    from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
+
+    insert = list(inspect.signature(LRUCachePolicy.insert).parameters)
+    expected = ["self", "key", "chunk", "req_context"] if __version__.startswith("0.33") else ["self", "key", "chunk"]
+    assert insert == expected, (__version__, insert)
+    for name in ("on_store_miss", "mark_evictable", "mark_non_evictable", "remove", "clear", "on_request_finished",
+                 "_push_evictable", "evict"):
+        assert callable(getattr(LRUCachePolicy, name)), name
+    finished = list(inspect.signature(LRUCachePolicy.on_request_finished).parameters)
+    assert finished == ["self", "key_groups", "insertion_only_keys", "reused_keys", "req_context"], finished
+    assert "self._ranks[key]" in source(LRUCachePolicy.insert)

@@ -282,8 +282,10 @@ class NeverReusableFirstLRU(LRUCachePolicy):
             self._kept_by_request.setdefault(req_context.req_id, set()).update(keys)
             self._kept.update(keys)
 
-    def insert(self, key: OffloadKey, chunk: Any) -> None:
-        super().insert(key, chunk)
+    def insert(self, key: OffloadKey, chunk: Any, *req_context: ReqContext) -> None:
+        # vLLM 0.33 hands the storing request's context on (and ranks its blocks by position);
+        # 0.32 does not: pass on whatever came.
+        super().insert(key, chunk, *req_context)  # type: ignore[call-arg]
         if key in self._kept and key in self._evictable:
             self._hold(key)
 
@@ -340,9 +342,12 @@ class NeverReusableFirstLRU(LRUCachePolicy):
     def _demote(self, key: OffloadKey) -> None:
         if key not in self.chunks:
             return
-        # The heap invalidates entries lazily by rank, so a new low rank is all it takes.
+        # The heap invalidates entries lazily by rank, so a new low rank is all it takes. Its
+        # shape is the LRU's own: an int on vLLM 0.32, (rank, -position) on 0.33, whose heap
+        # cannot compare the two.
         self._next_low_rank += 1
-        self._ranks[key] = self._next_low_rank
+        current = self._ranks.get(key)
+        self._ranks[key] = (self._next_low_rank, 0) if isinstance(current, tuple) else self._next_low_rank  # type: ignore[assignment]
         if key in self._evictable:
             self._push_evictable(key)
 
