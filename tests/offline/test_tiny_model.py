@@ -65,6 +65,7 @@ def test_training_sequences_count_down_then_answer() -> None:
 
 @pytest.mark.vllm
 @by_model
+@pytest.mark.runs_model
 def test_greedy_generation_through_vllm_follows_the_prompt(monkeypatch: pytest.MonkeyPatch, shape: str, folder: str,
                                                            max_bytes: int) -> None:
     FIXTURE = FIXTURES / folder

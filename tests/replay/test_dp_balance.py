@@ -76,9 +76,10 @@ def test_the_count_rule_picks_what_vllms_own_client_picks(client_count: int) -> 
     num_ranks = 3
     for client_index in range(client_count):
         engines = [rank.to_bytes(2, "little") for rank in range(num_ranks)]
+        # vLLM 0.33 also reads the client's streaming sessions and a request's ``resumable``.
         theirs = SimpleNamespace(lb_engines=[[0, 0, 0.0] for _ in engines], engine_inflight=Counter(),
                                  core_engines=engines, client_count=client_count, reqs_in_flight={},
-                                 eng_start_index=num_ranks * client_index // client_count)
+                                 eng_start_index=num_ranks * client_index // client_count, streaming_reqs=set())
         mine = ApiServerBalancer("count", num_ranks, client_count, client_index)
         for i in range(400):
             op = rng.random()
@@ -94,7 +95,7 @@ def test_the_count_rule_picks_what_vllms_own_client_picks(client_count: int) -> 
                 mine.in_flight[engines.index(engine)].discard(req_id)
             else:
                 req_id = f"q{i}"
-                new = SimpleNamespace(request_id=req_id, data_parallel_rank=None, pooling_params=None)
+                new = SimpleNamespace(request_id=req_id, data_parallel_rank=None, pooling_params=None, resumable=False)
                 expected = engines.index(DPLBAsyncMPClient.get_core_engine_for_request(theirs, new))
                 assert mine.pick(req_id) == expected, f"pick {i}"
 
