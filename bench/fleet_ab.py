@@ -198,6 +198,12 @@ def main() -> int:
     classes = settings.model.classes
     class_names = [c.name for c in classes]
     num_replicas = 2
+    try:
+        for name in args.arms:  # a typo fails now, not after the calibration burst
+            make_arm(name, 1)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
     capacity = args.capacity_rps or measure_fleet_capacity_rps(args.out, settings, lengths=args.lengths,
                                                                num_requests=HEAVY_BURST_REQUESTS,
                                                                num_replicas=num_replicas)

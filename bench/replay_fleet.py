@@ -83,6 +83,13 @@ def live_mode(args: argparse.Namespace) -> int:
     model = LIVE_MODELS[settings["model"]]
     kv_tokens = settings.get("kv_cache_tokens") or model.kv_cache_tokens
     step_log = args.step_log
+    if args.scale not in (None, "stock"):
+        try:
+            if not float(args.scale) > 0:
+                raise ValueError
+        except ValueError:
+            print(f"--scale {args.scale!r}: expected a positive factor or 'stock'", file=sys.stderr)
+            return 2
     if step_log.suffix == ".gz":
         plain = args.cache_dir / f"replay-fleet-{step_log.stem}"
         with gzip.open(step_log, "rt") as src:
@@ -142,6 +149,11 @@ def traces_mode(args: argparse.Namespace) -> int:
     scenarios = {s.name: s for s in make_corpus(seed=args.seed)}
     loads = loads_of(args.loads_from)
     out: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    unknown = [name for name in args.scenarios if name not in scenarios or name not in loads]
+    if unknown:
+        print(f"unknown scenario(s) {', '.join(unknown)}: expected corpus scenarios with a calibrated load in "
+              f"{args.loads_from} ({', '.join(sorted(loads))})", file=sys.stderr)
+        return 2
     for name in args.scenarios:
         scenario = scenarios[name]
         rate_per_engine = loads[name][0.5][0] * args.rate_factor

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from typing import Any
 import pytest
 
 from meridian.demo.fleet import VllmRouter, router_binary
+from meridian.demo.server import free_port, wait_healthy
 from meridian.vllm.names import BUS_DIR_ENV, CLASS_ARG, WAITED_ARG, WAITED_HEADER, XARGS_FIELD
 
 pytestmark = pytest.mark.vllm
@@ -37,28 +37,6 @@ HERE = Path(__file__).resolve().parent
 CLASSES = {"classes": {"interactive": {"ttft_ms": 1000, "ttfat_ms": 10000, "answer_tpot_ms": 100, "rank": 0}},
            "default_class": "interactive"}
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "2+2?"}], XARGS_FIELD: {CLASS_ARG: "interactive"}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_healthy(url: str, process: subprocess.Popen[bytes], log: Path, timeout_s: float = 60.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url} exited with {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{url} did not answer /health within {timeout_s} s")
 
 
 class Fleet:
@@ -72,12 +50,12 @@ class Fleet:
         config = json.dumps({"meridian": {**CLASSES, "overload": overload}})
         self.servers: dict[str, str] = {}
         for name in ("A", "B"):
-            port = _free_port()
+            port = free_port()
             self.servers[name] = f"http://127.0.0.1:{port}"
             self._start([sys.executable, str(HERE / "frontend_server.py"), "--port", str(port), "--name", name,
                          "--additional-config", config], name, {BUS_DIR_ENV: str(self.bus)})
         for process, (name, url) in zip(self.processes, self.servers.items()):
-            _wait_healthy(url, process, self.folder / f"{name}.log")
+            wait_healthy(url, process, 60.0, f"server {name}", self.folder / f"{name}.log")
         self.router: VllmRouter | None = None
 
     def route(self, policy: str, *extra: str) -> None:

@@ -41,7 +41,7 @@ from meridian.demo.loadgen import (
     server_args,
     settled_metric_sums,
 )
-from meridian.demo.server import VllmServer, free_port, stream_chat
+from meridian.demo.server import VllmServer, free_port, stream_chat, wait_healthy
 from meridian.offline.tiny import task_prompt
 from meridian.vllm.names import METRIC_NAMES
 
@@ -92,22 +92,14 @@ class VllmRouter:
                 "--log-level", "warning", *self.flags]
 
     def __enter__(self) -> VllmRouter:
-        import httpx
-
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vllm-router exited with {self.process.returncode}; log: {self.log_path}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.__exit__(None, None, None)
-        raise TimeoutError(f"vllm-router did not become healthy in {self.start_timeout_s:.0f} s; log: {self.log_path}")
+        try:
+            wait_healthy(self.base_url, self.process, self.start_timeout_s, "vllm-router", self.log_path)
+        except TimeoutError:
+            self.__exit__(None, None, None)
+            raise
+        return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         process, self.process = self.process, None

@@ -30,6 +30,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(base_url: str, process: subprocess.Popen[bytes], timeout_s: float, what: str, log_path: Path) -> None:
+    """Returns once ``GET base_url/health`` answers 200; raises ``RuntimeError`` if ``process``
+    exits first, ``TimeoutError`` after ``timeout_s`` (both naming ``what`` and its log)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}; log: {log_path}")
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} did not become healthy in {timeout_s:.0f} s; log: {log_path}")
+
+
 class VllmServer:
     """``vllm serve MODEL ARGS...`` on 127.0.0.1, for the duration of a ``with`` block."""
 
@@ -61,21 +79,13 @@ class VllmServer:
 
     def start(self) -> VllmServer:
         """Starts the server; returns once ``/health`` answers, raises if the process dies first."""
-        import httpx
-
         process = self._launch()
-        deadline = time.monotonic() + self.start_timeout_s
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {process.returncode}; log: {self.log_path}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise TimeoutError(f"vllm serve did not become healthy in {self.start_timeout_s:.0f}s; log: {self.log_path}")
+        try:
+            wait_healthy(self.base_url, process, self.start_timeout_s, "vllm serve", self.log_path)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
 
     def wait_for_exit(self, timeout_s: float) -> int:
         """Runs the server expecting it to exit by itself (a start-up failure); returns its code."""
