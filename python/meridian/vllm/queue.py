@@ -1,10 +1,14 @@
 """The waiting queue Meridian installs in place of vLLM's.
 
 It holds vLLM ``Request`` objects in the order the core decided (preempted first, then by aged
-class rank and slack) and gates how many of them vLLM's waiting loop may pop in one step (the
+class rank and slack) and gates how many of them vLLM's waiting loop may admit in one step (the
 admission count under the answer KV reserve). Invariant: it contains exactly the requests vLLM put
 into it, each once; ``len()`` always counts all of them, while truthiness turns false once the
-step's admission allowance is spent, which is the only thing vLLM's waiting loop asks it.
+step's admissions reach the allowance, which is the only thing vLLM's waiting loop asks it. An
+admission is a popped request that vLLM moved to ``running`` or gave KV blocks for a remote load;
+a request the loop pops only to skip it (grammar not compiled, remote KV not arrived, no room for
+its encoder inputs: ``skip_request()`` on 0.32 and 0.33) spends nothing, so a blocked head never
+stops the requests behind it.
 """
 
 from __future__ import annotations
@@ -18,13 +22,18 @@ from meridian.vllm._version import require_supported_vllm
 require_supported_vllm()
 
 from vllm.v1.core.sched.request_queue import RequestQueue  # noqa: E402
+from vllm.v1.request import RequestStatus  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.request import Request
 
+# The states a popped request is in once the waiting loop admitted it: scheduled, or holding the
+# blocks an asynchronous KV load writes into. Everything else it pops is a skip.
+_ADMITTED_STATUSES = frozenset({RequestStatus.RUNNING, RequestStatus.WAITING_FOR_REMOTE_KVS})
+
 
 class MeridianWaitingQueue(RequestQueue):
-    """A deque in Meridian's order, with a per-step pop allowance.
+    """A deque in Meridian's order, with a per-step admission allowance.
 
     Front: the next request to admit. ``prepend_request`` (used by vLLM for preempted and skipped
     requests) puts a request at the front; the next plan re-sorts anyway. Between plans the
@@ -34,12 +43,14 @@ class MeridianWaitingQueue(RequestQueue):
     def __init__(self, requests: Iterable[Request] = ()) -> None:
         self._items: deque[Request] = deque(requests)
         self._allowance: int | None = None
+        self._popped: list[Request] = []
 
     def apply_plan(self, order: list[int], num_admissible: int) -> None:
         """Reorders by ``order`` (a permutation of the current positions) and opens the gate."""
         items = self._items
         self._items = deque(items[i] for i in order)
         self._allowance = num_admissible
+        self._popped = []
 
     def defer(self, requests: list[Request], position: int) -> None:
         """Moves ``requests`` (already in the queue) to ``position``, in their order: requests the
@@ -52,6 +63,11 @@ class MeridianWaitingQueue(RequestQueue):
     def close_gate(self) -> None:
         """Lifts the allowance after the step (vLLM code outside ``schedule()`` sees plain FCFS)."""
         self._allowance = None
+        self._popped = []
+
+    def num_admitted(self) -> int:
+        """Requests the waiting loop admitted since the plan opened the gate."""
+        return sum(r.status in _ADMITTED_STATUSES for r in self._popped)
 
     def add_request(self, request: Request) -> None:
         self._items.append(request)
@@ -59,7 +75,7 @@ class MeridianWaitingQueue(RequestQueue):
     def pop_request(self) -> Request:
         request = self._items.popleft()
         if self._allowance is not None:
-            self._allowance -= 1
+            self._popped.append(request)
         return request
 
     def peek_request(self) -> Request:
@@ -83,7 +99,7 @@ class MeridianWaitingQueue(RequestQueue):
         self._items = deque(r for r in self._items if r not in to_remove)
 
     def __bool__(self) -> bool:
-        return bool(self._items) and (self._allowance is None or self._allowance > 0)
+        return bool(self._items) and (self._allowance is None or self.num_admitted() < self._allowance)
 
     def __len__(self) -> int:
         return len(self._items)
