@@ -5,7 +5,7 @@ from typing import Final, Literal, final
 
 __all__ = [
     "__version__", "ARRIVAL_SNAPSHOT_FORMAT", "CLASS_ARG", "POLICY_NAMES", "SHED_MARKER", "SHED_REASONS", "THINKING_STOP_RULES", "THINKING_ARG",
-    "THINKING_BUDGET_ARG", "WAITED_ARG", "ArrivalGate", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
+    "THINKING_BUDGET_ARG", "WAITED_ARG", "EFFORT_ARG", "EFFORT_LEVELS", "ArrivalGate", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
     "ThinkingStream", "check_request_args", "config_schema", "kernel_source", "parse_shed_notice",
 ]
 __version__: str
@@ -18,6 +18,11 @@ THINKING_BUDGET_ARG: Final = "meridian_thinking_budget_tokens"
 #: Request argument: how long, in ms, the client already waited for this request elsewhere (a
 #: retry after a shed); its class's targets count that time.
 WAITED_ARG: Final = "meridian_waited_ms"
+#: Request argument carrying the request's ``reasoning_effort`` (``MeridianFrontend`` copies the
+#: OpenAI API's field into it): its level's thinking budget becomes the request's hard budget.
+EFFORT_ARG: Final = "meridian_reasoning_effort"
+#: The ``reasoning_effort`` levels that map onto a budget: ``("low", "medium", "high")``.
+EFFORT_LEVELS: Final[tuple[str, ...]]
 #: Every ``policy`` name, the product first: ``("meridian", "answer_first", "pascal", "uniboost", "scorpio")``.
 POLICY_NAMES: Final[tuple[str, ...]]
 THINKING_STOP_RULES: Final[tuple[str, ...]]
@@ -37,9 +42,13 @@ def config_schema() -> str:
 def kernel_source(name: str) -> str:
     """Source of a bundled CUDA kernel file by name."""
 
-def check_request_args(args_json: str, config: Config | None) -> None:
+def check_request_args(
+    args_json: str, config: Config | None, max_tokens: int | None = None, priority: int = 0
+) -> None:
     """Checks a request's Meridian arguments (the JSON object of its request arguments) against
-    ``config`` (``None``: the class's type only); raises ``RequestArgsError`` naming the argument."""
+    ``config`` (``None``: the class's type only) and, for ``meridian_reasoning_effort``'s answer
+    room, the request's ``max_tokens`` and ``priority``; raises ``RequestArgsError`` naming the
+    argument."""
 
 @final
 class Config:
@@ -100,6 +109,11 @@ class Config:
         ``on_overload``."""
     def thinking_control(self, slo_class: str) -> ThinkingControl:
         """The thinking control a class runs under (its own, else the top-level one)."""
+    def request_thinking_control(
+        self, slo_class: str, args_json: str, max_tokens: int | None = None
+    ) -> ThinkingControl:
+        """One request's thinking control from its request arguments (the JSON object) under its
+        ``max_tokens``; raises ``RequestArgsError`` naming the argument."""
     def thinking_stream_wanted(self, slo_class: str, control: ThinkingControl) -> bool:
         """Whether a request of the class under ``control`` needs its thinking followed token by
         token: a rule is on, or the class degrades under overload."""
@@ -395,6 +409,12 @@ class ThinkingControl:
     def wants_token_entropy(self) -> bool: ...
     def wants_end_token_stats(self) -> bool: ...
     def wants_eat_probes(self) -> bool: ...
+    @property
+    def budget_tokens(self) -> int | None:
+        """The hard budget in force (the request's own, its class's or its effort's), if any."""
+    def admission_budget(self, attainment: float | None, client_tokens: int | None = None) -> int | None:
+        """The thinking budget vLLM itself enforces for a request admitted now (the tightest of the
+        hard budget, the load-aware budget at ``attainment`` and the client's own), or ``None``."""
     @property
     def closing_text(self) -> str | None: ...
 

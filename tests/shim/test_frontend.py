@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from meridian._core import Config, check_request_args
 from meridian.errors import RequestArgsError
 from meridian.vllm.names import (
-    CLASS_ARG, LOAD_PATH, MIDDLEWARE, SCHEDULER_CLS, THINKING_ARG, THINKING_BUDGET_ARG, WAITED_ARG, WAITED_HEADER,
+    CLASS_ARG, EFFORT_ARG, LOAD_PATH, MIDDLEWARE, SCHEDULER_CLS, THINKING_ARG, THINKING_BUDGET_ARG, WAITED_ARG, WAITED_HEADER,
     XARGS_FIELD,
 )
 
@@ -154,6 +154,30 @@ def test_good_and_foreign_arguments_pass_untouched() -> None:
     assert post(app, {"messages": [{"role": "user", "content": "meridian_class, in a prompt"}]}).status_code == 200
     assert post(app, {XARGS_FIELD: {"other": "meridian_class"}}).status_code == 200
     assert received == [good, None, {"other": "meridian_class"}]
+
+
+def test_the_openai_reasoning_effort_reaches_the_engine_as_the_effort_argument() -> None:
+    app, received = make_app({"meridian": GOLD})
+    assert post(app, {"reasoning_effort": "low", "max_tokens": 4096}).status_code == 200
+    # The levels Meridian does not map (vLLM's chat template reads them) pass untouched.
+    assert post(app, {"reasoning_effort": "none"}).status_code == 200
+    # An effort argument the client sets itself wins over the API field.
+    assert post(app, {"reasoning_effort": "high", XARGS_FIELD: {EFFORT_ARG: "low"}}).status_code == 200
+    assert post(app, {"reasoning_effort": "medium", XARGS_FIELD: {CLASS_ARG: "gold"}}).status_code == 200
+    assert received == [{EFFORT_ARG: "low"}, None, {EFFORT_ARG: "low"}, {CLASS_ARG: "gold", EFFORT_ARG: "medium"}]
+
+
+@pytest.mark.parametrize("cap_field", ["max_tokens", "max_completion_tokens"])
+def test_an_effort_that_leaves_no_room_for_the_answer_is_a_400(cap_field: str) -> None:
+    room = {"thinking_control": {"reasoning_effort": {"answer_room_tokens": 200}}}
+    app, received = make_app({"meridian": {**GOLD, **room}})
+    response = post(app, {"reasoning_effort": "high", cap_field: 150})
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert f"`{EFFORT_ARG}`" in message and "max_tokens is 150" in message and "above 200" in message, message
+    assert post(app, {"reasoning_effort": "high", cap_field: 201}).status_code == 200
+    assert post(app, {XARGS_FIELD: {EFFORT_ARG: "extreme"}}).status_code == 400
+    assert received == [{EFFORT_ARG: "high"}]
 
 
 def test_what_the_check_cannot_read_is_vllms_to_answer() -> None:

@@ -183,7 +183,10 @@ def test_unknown_class_fails_only_that_request(tiny_model: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "named"),
     [({"meridian_class": "gold"}, "meridian_class"), ({"meridian_thinking_budget_tokens": -1}, "meridian_thinking_budget_tokens"),
-     ({"meridian_thinking": "on"}, "meridian_thinking")],
+     ({"meridian_thinking": "on"}, "meridian_thinking"),
+     # max_tokens 8 leaves no thinking budget above the default answer room (512 tokens).
+     ({"meridian_reasoning_effort": "low"}, "meridian_reasoning_effort"),
+     ({"meridian_reasoning_effort": "extreme"}, "meridian_reasoning_effort")],
 )
 def test_the_scheduler_rejects_a_bad_request_argument_naming_it(
     tiny_model: Path, extra: dict[str, Any], named: str, caplog: pytest.LogCaptureFixture

@@ -36,6 +36,7 @@ pub mod ledger;
 pub mod phase;
 pub mod predictor;
 pub mod prefix_index;
+pub mod reasoning_effort;
 pub mod request_args;
 pub mod scheduler;
 pub mod slo;
@@ -55,7 +56,8 @@ pub use ledger::{
 };
 pub use phase::{Phase, ReasoningMarkers, TokenKind};
 pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
-pub use request_args::{check_request_args, MAX_WAITED_MS, WAITED_ARG};
+pub use reasoning_effort::{EffortBudgets, ReasoningEffort, EFFORT_ARG};
+pub use request_args::{check_request_args, thinking_control_for_request, MAX_WAITED_MS, WAITED_ARG};
 pub use scheduler::{
     parse_shed_notice, ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Footprint, Meridian, NewRequest,
     Preemption, ReqHandle, SchedulerStats, Shed, ShedNotice, ShedReason, StepPlan, SHED_MARKER,

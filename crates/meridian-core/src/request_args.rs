@@ -1,6 +1,7 @@
 //! A request's own arguments for Meridian — [`CLASS_ARG`], [`THINKING_ARG`],
-//! [`THINKING_BUDGET_ARG`] and [`WAITED_ARG`] in its `vllm_xargs` / `SamplingParams.extra_args`
-//! — checked as the client sent them, before the request is admitted. One decision wherever it is made: in vLLM's
+//! [`THINKING_BUDGET_ARG`], [`EFFORT_ARG`] and [`WAITED_ARG`] in its `vllm_xargs` /
+//! `SamplingParams.extra_args` — checked as the client sent them, before the request is admitted,
+//! and turned into the request's thinking control ([`thinking_control_for_request`]). One decision wherever it is made: in vLLM's
 //! API server (where a failure becomes that request's HTTP 400) and in the scheduler (the last
 //! line, for requests no front-end check saw). Every error is [`Error::InvalidRequestArgs`]
 //! naming the argument.
@@ -8,6 +9,8 @@
 use serde_json::{Map, Value};
 
 use crate::error::{shown, Error, Result};
+use crate::reasoning_effort::{ReasoningEffort, EFFORT_ARG};
+use crate::slo::ClassId;
 use crate::{Config, ThinkingControl, CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG};
 
 /// The request argument saying how long, in ms, the request's client has already waited for it
@@ -39,17 +42,72 @@ pub fn check_waited_ms(waited_ms: f64) -> Result<f64> {
 /// - [`THINKING_ARG`] (`"off"` or a JSON object, as text or as the object itself) and
 ///   [`THINKING_BUDGET_ARG`] (a whole number of tokens) must make a valid control
 ///   ([`ThinkingControl::for_request`]).
+/// - [`EFFORT_ARG`] must be `low`, `medium` or `high`; with `config` and `max_tokens`, its budget
+///   must leave the answer room of the request's class (named by [`CLASS_ARG`], else picked by
+///   `priority`) under `max_tokens`.
 /// - [`WAITED_ARG`] must be a number of ms from 0 to [`MAX_WAITED_MS`].
 ///
 /// `args_json` that is not a JSON object is the caller's fault, [`Error::InvalidArgument`].
-pub fn check_request_args(args_json: &str, config: Option<&Config>) -> Result<()> {
-    let args: Map<String, Value> = serde_json::from_str(args_json)
-        .map_err(|e| Error::argument("args_json", e, "must be a JSON object of request arguments"))?;
+pub fn check_request_args(
+    args_json: &str,
+    config: Option<&Config>,
+    max_tokens: Option<u32>,
+    priority: i64,
+) -> Result<()> {
+    let args = parse_args(args_json)?;
     check_class(present(&args, CLASS_ARG), config)?;
-    let thinking = thinking_text(present(&args, THINKING_ARG))?;
-    let budget = budget_tokens(present(&args, THINKING_BUDGET_ARG))?;
     waited_ms(present(&args, WAITED_ARG))?;
-    ThinkingControl::for_request(&ThinkingControl::default(), thinking.as_deref(), budget).map(drop)
+    let base = match config {
+        Some(config) => {
+            let class = match present(&args, CLASS_ARG) {
+                Some(Value::String(name)) => config.class_by_name(name),
+                _ => None,
+            };
+            config.thinking_control_for(class.unwrap_or_else(|| config.class_for_priority(priority))).clone()
+        }
+        None => ThinkingControl::default(),
+    };
+    request_control(&args, &base, max_tokens).map(drop)
+}
+
+/// The thinking control in force for one request of `class`: the class's (or the top-level)
+/// control, replaced by [`THINKING_ARG`], given the hard budget of [`THINKING_BUDGET_ARG`], then
+/// the budget of [`EFFORT_ARG`] under `max_tokens`. The one reading of these arguments, for the
+/// scheduler (vLLM's own thinking budget) and the logits processor alike.
+pub fn thinking_control_for_request(
+    config: &Config,
+    class: ClassId,
+    args_json: &str,
+    max_tokens: Option<u32>,
+) -> Result<ThinkingControl> {
+    request_control(&parse_args(args_json)?, config.thinking_control_for(class), max_tokens)
+}
+
+fn parse_args(args_json: &str) -> Result<Map<String, Value>> {
+    serde_json::from_str(args_json)
+        .map_err(|e| Error::argument("args_json", e, "must be a JSON object of request arguments"))
+}
+
+fn request_control(
+    args: &Map<String, Value>,
+    base: &ThinkingControl,
+    max_tokens: Option<u32>,
+) -> Result<ThinkingControl> {
+    let thinking = thinking_text(present(args, THINKING_ARG))?;
+    let budget = budget_tokens(present(args, THINKING_BUDGET_ARG))?;
+    let effort = reasoning_effort(present(args, EFFORT_ARG))?;
+    ThinkingControl::for_request(base, thinking.as_deref(), budget)?.with_reasoning_effort(effort, max_tokens)
+}
+
+fn reasoning_effort(value: Option<&Value>) -> Result<Option<ReasoningEffort>> {
+    match value {
+        None => Ok(None),
+        Some(Value::String(text)) => ReasoningEffort::parse_arg(text).map(Some),
+        Some(other) => Err(Error::request_args(
+            EFFORT_ARG,
+            format!("{} must be one of \"low\", \"medium\", \"high\"", shown(&other.to_string())),
+        )),
+    }
 }
 
 fn present<'a>(args: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
@@ -124,7 +182,7 @@ mod tests {
     use super::*;
 
     fn check(args: Value, config: Option<&Config>) -> Result<()> {
-        check_request_args(&args.to_string(), config)
+        check_request_args(&args.to_string(), config, None, 0)
     }
 
     /// The argument a rejection names.
@@ -261,8 +319,46 @@ mod tests {
     #[test]
     fn arguments_that_are_not_a_json_object_are_the_callers_fault() {
         for text in ["[1]", "3", "{not json"] {
-            let err = check_request_args(text, None).unwrap_err();
+            let err = check_request_args(text, None, None, 0).unwrap_err();
             assert!(matches!(err, Error::InvalidArgument { name: "args_json", .. }), "{text}: {err}");
         }
+    }
+
+    #[test]
+    fn a_bad_reasoning_effort_is_named() {
+        for bad in [serde_json::json!("extreme"), serde_json::json!(3), serde_json::json!({"low": 1})] {
+            let err = check(serde_json::json!({EFFORT_ARG: bad}), None).unwrap_err();
+            assert_eq!(named(err), EFFORT_ARG, "{bad}");
+        }
+        check(serde_json::json!({EFFORT_ARG: "high"}), None).unwrap();
+    }
+
+    #[test]
+    fn an_effort_that_leaves_no_answer_room_is_refused_by_the_class_budgets() {
+        let config = Config::from_json(
+            r#"{"classes": {
+                  "gold": {"ttft_ms": 500, "ttfat_ms": 5000, "answer_tpot_ms": 40, "rank": 0},
+                  "bulk": {"ttft_ms": 5000, "ttfat_ms": 50000, "answer_tpot_ms": 400, "rank": 1,
+                           "thinking_control": {"reasoning_effort": {"answer_room_tokens": 64}}}},
+                "default_class": "gold", "priority_map": {"0": "gold", "10": "bulk"}}"#,
+        )
+        .unwrap();
+        let args = |class: Option<&str>| match class {
+            Some(class) => serde_json::json!({EFFORT_ARG: "low", CLASS_ARG: class}).to_string(),
+            None => serde_json::json!({EFFORT_ARG: "low"}).to_string(),
+        };
+        // gold keeps the default room (512), bulk its own (64); the priority picks bulk.
+        let err = check_request_args(&args(Some("gold")), Some(&config), Some(100), 0).unwrap_err();
+        assert!(err.to_string().contains("max_tokens is 100"), "{err}");
+        check_request_args(&args(Some("bulk")), Some(&config), Some(100), 0).unwrap();
+        check_request_args(&args(None), Some(&config), Some(100), 10).unwrap();
+        assert!(check_request_args(&args(None), Some(&config), Some(100), 0).is_err());
+        check_request_args(&args(Some("gold")), Some(&config), None, 0).unwrap();
+        let bulk = config.class_by_name("bulk").unwrap();
+        let control = thinking_control_for_request(&config, bulk, &args(None), Some(100)).unwrap();
+        assert_eq!(control.budget_tokens, Some(36));
+        let with_budget = serde_json::json!({EFFORT_ARG: "high", THINKING_BUDGET_ARG: 10}).to_string();
+        let control = thinking_control_for_request(&config, bulk, &with_budget, None).unwrap();
+        assert_eq!(control.budget_tokens, Some(10), "the tighter budget wins");
     }
 }

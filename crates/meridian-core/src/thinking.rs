@@ -16,6 +16,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::reasoning_effort::EffortBudgets;
 
 /// Largest entropy, in nats, accepted as a signal. No distribution over a vocabulary that `u32`
 /// token ids can index exceeds `ln 2³² ≈ 22.2` nats, so a larger value is a caller bug; the
@@ -52,6 +53,12 @@ pub struct ThinkingControl {
     pub closing: ClosingPolicy,
     /// What text ends a reasoning line (the EAT probe point) and a sentence (the RPDI check).
     pub boundaries: Boundaries,
+    /// Thinking budgets per `reasoning_effort` level (`low`, `medium`, `high`), for requests that
+    /// send one (the OpenAI API's `reasoning_effort`, or the request argument
+    /// `meridian_reasoning_effort`): the level's budget becomes the request's hard budget, cut to
+    /// leave `answer_room_tokens` of its `max_tokens` to the answer. Always in force; a request
+    /// without an effort is not affected.
+    pub reasoning_effort: EffortBudgets,
 }
 
 /// The text that ends a reasoning line and a sentence. The defaults are the EAT paper's line
@@ -313,6 +320,7 @@ impl ThinkingControl {
                 return Err(Error::config(key("attainment_floor"), format!("{floor} is not in (0, 1]")));
             }
         }
+        self.reasoning_effort.validate(&key("reasoning_effort"))?;
         if let Some(rule) = &self.eat {
             let key = |field: &str| format!("{prefix}.eat.{field}");
             open_unit(&key("alpha"), rule.alpha)?;
@@ -1228,6 +1236,7 @@ mod tests {
             rpdi: Some(RpdiRule::default()),
             closing: ClosingPolicy { closing_text: Some("Time is up.".to_owned()) },
             boundaries: Boundaries::default(),
+            reasoning_effort: EffortBudgets::default(),
         };
         control.validate("thinking_control").unwrap();
         assert!(
@@ -1309,6 +1318,7 @@ mod tests {
                 rpdi,
                 closing: ClosingPolicy::default(),
                 boundaries: Boundaries::default(),
+                reasoning_effort: EffortBudgets::default(),
             }
         })
     }

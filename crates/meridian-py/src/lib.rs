@@ -28,13 +28,19 @@ fn kernel_source(name: &str) -> PyResult<&'static str> {
 }
 
 /// Checks a request's Meridian arguments (`meridian_class`, `meridian_thinking`,
-/// `meridian_thinking_budget_tokens`), given as the JSON object of its request arguments, against
-/// `config` (the server's configuration; `None`: the class is checked for its type only). Raises
-/// `RequestArgsError` naming the argument.
+/// `meridian_thinking_budget_tokens`, `meridian_reasoning_effort`, `meridian_waited_ms`), given as
+/// the JSON object of its request arguments, against `config` (the server's configuration;
+/// `None`: the class is checked for its type only) and, for the effort's answer room, the
+/// request's `max_tokens` and `priority`. Raises `RequestArgsError` naming the argument.
 #[pyfunction]
-#[pyo3(signature = (args_json, config))]
-fn check_request_args(args_json: &str, config: Option<&PyConfig>) -> PyResult<()> {
-    core::check_request_args(args_json, config.map(|c| &c.inner)).map_err(to_py)
+#[pyo3(signature = (args_json, config, max_tokens=None, priority=0))]
+fn check_request_args(
+    args_json: &str,
+    config: Option<&PyConfig>,
+    max_tokens: Option<u32>,
+    priority: i64,
+) -> PyResult<()> {
+    core::check_request_args(args_json, config.map(|c| &c.inner), max_tokens, priority).map_err(to_py)
 }
 
 /// The JSON Schema of the `meridian` block of `--additional-config`, as the core derives it from
@@ -148,6 +154,20 @@ impl PyConfig {
     /// The thinking control a class runs under (its own, else the top-level one).
     fn thinking_control(&self, slo_class: &str) -> PyResult<thinking::PyThinkingControl> {
         self.class_thinking_control(slo_class)
+    }
+
+    /// The thinking control of one request of `slo_class` from its request arguments (the JSON
+    /// object of `meridian_thinking`, `meridian_thinking_budget_tokens`,
+    /// `meridian_reasoning_effort`) under its `max_tokens`. Raises `RequestArgsError` naming the
+    /// argument.
+    #[pyo3(signature = (slo_class, args_json, max_tokens=None))]
+    fn request_thinking_control(
+        &self,
+        slo_class: &str,
+        args_json: &str,
+        max_tokens: Option<u32>,
+    ) -> PyResult<thinking::PyThinkingControl> {
+        self.request_thinking_control_for(slo_class, args_json, max_tokens)
     }
 
     /// Whether a request of `slo_class` under `control` needs its thinking followed token by
@@ -798,6 +818,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("THINKING_ARG", core::THINKING_ARG)?;
     m.add("THINKING_BUDGET_ARG", core::THINKING_BUDGET_ARG)?;
     m.add("WAITED_ARG", core::WAITED_ARG)?;
+    m.add("EFFORT_ARG", core::EFFORT_ARG)?;
+    m.add(
+        "EFFORT_LEVELS",
+        PyTuple::new(m.py(), core::ReasoningEffort::ALL.map(core::ReasoningEffort::as_str))?,
+    )?;
     m.add("POLICY_NAMES", PyTuple::new(m.py(), core::Policy::ALL.map(core::Policy::name))?)?;
     m.add("THINKING_STOP_RULES", PyTuple::new(m.py(), core::StopReason::ALL.map(core::StopReason::as_str))?)?;
     m.add("SHED_MARKER", core::SHED_MARKER)?;

@@ -53,6 +53,21 @@ impl PyThinkingControl {
         self.inner.wants_eat_probes()
     }
 
+    /// The hard budget in force (the request's own, its class's or its `reasoning_effort`'s),
+    /// if any.
+    #[getter]
+    fn budget_tokens(&self) -> Option<u32> {
+        self.inner.budget_tokens
+    }
+
+    /// The thinking budget vLLM itself enforces for a request admitted now: the tightest of the
+    /// hard budget, the load-aware budget at the class's TTFAT `attainment` (`None`: unknown) and
+    /// the client's own `thinking_token_budget`; `None` when none applies.
+    #[pyo3(signature = (attainment, client_tokens=None))]
+    fn admission_budget(&self, attainment: Option<f64>, client_tokens: Option<u32>) -> Option<u32> {
+        self.inner.admission_budget(attainment, client_tokens)
+    }
+
     /// The closing text forced before the end marker, if any.
     #[getter]
     fn closing_text(&self) -> Option<String> {
@@ -68,6 +83,18 @@ impl PyConfig {
                 self.inner.class_names()
             ))
         })
+    }
+
+    pub(crate) fn request_thinking_control_for(
+        &self,
+        slo_class: &str,
+        args_json: &str,
+        max_tokens: Option<u32>,
+    ) -> PyResult<PyThinkingControl> {
+        let class = self.class_id(slo_class)?;
+        let inner =
+            core::thinking_control_for_request(&self.inner, class, args_json, max_tokens).map_err(to_py)?;
+        Ok(PyThinkingControl { inner })
     }
 
     pub(crate) fn class_thinking_control(&self, slo_class: &str) -> PyResult<PyThinkingControl> {

@@ -29,22 +29,32 @@ def extra_args(request: Request) -> dict[str, Any] | None:
     return request.sampling_params.extra_args if request.sampling_params else None
 
 
-def check_request_args(extra: Mapping[str, Any] | None, config: Config | None) -> None:
+def check_request_args(
+    extra: Mapping[str, Any] | None, config: Config | None, max_tokens: int | None = None, priority: int = 0
+) -> None:
     """Checks a request's Meridian arguments (``REQUEST_ARGS`` in ``extra``) against ``config``,
-    the server's configuration (``None``: the class's type only). The core decides; raises
-    ``RequestArgsError`` naming the argument."""
+    the server's configuration (``None``: the class's type only), and the request's
+    ``max_tokens`` and ``priority`` (the answer room of its ``reasoning_effort``). The core
+    decides; raises ``RequestArgsError`` naming the argument."""
+    text = request_args_json(extra)
+    if text is not None:
+        _core_check_request_args(text, config, max_tokens, priority)
+
+
+def request_args_json(extra: Mapping[str, Any] | None) -> str | None:
+    """Meridian's arguments among ``extra`` as the JSON object the core reads (``None``: none);
+    raises ``RequestArgsError`` naming an argument JSON cannot hold."""
     if not extra:
-        return
+        return None
     args = {key: extra[key] for key in REQUEST_ARGS if key in extra}
     if not args:
-        return
+        return None
     try:
-        text = json.dumps(args, allow_nan=False)
+        return json.dumps(args, allow_nan=False)
     except (TypeError, ValueError):
         # Only arguments given directly (vLLM's offline API) can hold what JSON cannot.
         key, value = next((k, v) for k, v in args.items() if not _is_json(v))
         raise RequestArgsError(f"invalid request argument `{key}`: {value!r} is not a JSON value") from None
-    _core_check_request_args(text, config)
 
 
 def _is_json(value: Any) -> bool:

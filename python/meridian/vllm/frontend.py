@@ -75,7 +75,8 @@ from meridian.vllm import convert  # noqa: E402
 from meridian.vllm.arrival import ArrivalReader  # noqa: E402
 from meridian.vllm.config import config_from_vllm  # noqa: E402
 from meridian.vllm.names import (  # noqa: E402
-    LOAD_PATH, MIDDLEWARE, REQUEST_ARGS, SCHEDULER_CLS, WAITED_ARG, WAITED_HEADER, XARGS_FIELD,
+    EFFORT_ARG, EFFORT_FIELD, EFFORT_LEVELS, LOAD_PATH, MIDDLEWARE, REQUEST_ARGS, SCHEDULER_CLS, WAITED_ARG,
+    WAITED_HEADER, XARGS_FIELD,
 )
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ class MeridianFrontend:
                         return
                     receive = _Replay(messages, receive).receive
                 send = _ShedAnswer(send, self._shed_status).send
-            receive = _BodyCheck(receive, self._config).receive
+            receive = _BodyCheck(receive, self._config, scope.get("path", "") in COMPLETION_PATHS).receive
         await self.app(scope, receive, send)
 
     def _is_active(self, scope: Scope) -> bool:
@@ -204,6 +205,8 @@ RequestArgsCheck = MeridianFrontend
 
 #: The OpenAI-API routes whose responses carry choices with a finish and a stop reason.
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+#: The largest ``max_tokens`` the core takes (a larger one caps nothing more).
+MAX_U32 = 2**32 - 1
 #: Bytes of a response held while no token has shown: past this it goes out as it is.
 MAX_HELD_BYTES = 1 << 20
 
@@ -296,23 +299,51 @@ def _is_json(scope: Scope) -> bool:
 
 
 class _BodyCheck:
-    """Wraps one request's ``receive``: passes every message on, and checks the body once it is
-    complete, as the route reads it."""
+    """Wraps one request's ``receive``: collects the body as the route reads it, hands its OpenAI
+    ``reasoning_effort`` on as the ``meridian_reasoning_effort`` request argument (completion
+    routes), checks it, and passes it on as one message."""
 
-    def __init__(self, receive: Receive, config: Config | None) -> None:
+    def __init__(self, receive: Receive, config: Config | None, completion: bool) -> None:
         self._receive = receive
         self._config = config
-        self._chunks: list[bytes] | None = []
+        self._completion = completion
+        self._done = False
 
     async def receive(self) -> Message:
         message = await self._receive()
-        if self._chunks is not None and message["type"] == "http.request":
-            self._chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                body = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
-                self._chunks = None
-                check_body(body, self._config)
-        return message
+        if self._done or message["type"] != "http.request":
+            return message
+        chunks = [message.get("body", b"")]
+        while message.get("more_body", False):
+            message = await self._receive()
+            if message["type"] != "http.request":
+                return message  # the client went away mid-body: the route sees that
+            chunks.append(message.get("body", b""))
+        self._done = True
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        if self._completion:
+            body = _with_effort(body)
+        check_body(body, self._config)
+        return {"type": "http.request", "body": body, "more_body": False}
+
+
+def _with_effort(body: bytes) -> bytes:
+    """The body with its ``reasoning_effort`` (a level Meridian maps onto a budget) as the
+    ``meridian_reasoning_effort`` request argument, unless the body sets that argument itself."""
+    if EFFORT_FIELD.encode() not in body:
+        return body
+    try:
+        request = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(request, dict) or request.get(EFFORT_FIELD) not in EFFORT_LEVELS:
+        return body
+    xargs = request.get(XARGS_FIELD)
+    xargs = dict(xargs) if isinstance(xargs, dict) else {}
+    if xargs.get(EFFORT_ARG) is not None:
+        return body
+    request[XARGS_FIELD] = {**xargs, EFFORT_ARG: request[EFFORT_FIELD]}
+    return json.dumps(request).encode()
 
 
 def check_body(body: bytes, config: Config | None) -> None:
@@ -327,8 +358,14 @@ def check_body(body: bytes, config: Config | None) -> None:
     xargs = request.get(XARGS_FIELD) if isinstance(request, dict) else None
     if not isinstance(xargs, dict):
         return
+    max_tokens = request.get("max_completion_tokens", request.get("max_tokens"))
+    priority = request.get("priority", 0)
     try:
-        convert.check_request_args(xargs, config)
+        convert.check_request_args(
+            xargs, config,
+            min(max_tokens, MAX_U32) if isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
+            and max_tokens >= 0 else None,
+            priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
     except RequestArgsError as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     except Exception:  # noqa: BLE001 - a fault of the check never fails a request; the scheduler checks

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 from meridian._core import (
-    CLASS_ARG, POLICY_NAMES, SHED_REASONS, THINKING_ARG, THINKING_BUDGET_ARG, THINKING_STOP_RULES, WAITED_ARG,
+    CLASS_ARG, EFFORT_ARG, EFFORT_LEVELS, POLICY_NAMES, SHED_REASONS, THINKING_ARG, THINKING_BUDGET_ARG,
+    THINKING_STOP_RULES, WAITED_ARG,
 )
 
 __all__ = [
@@ -22,6 +23,9 @@ __all__ = [
     "CLASS_ARG",
     "CLASS_TARGETS",
     "CONFIG_KEY",
+    "EFFORT_ARG",
+    "EFFORT_FIELD",
+    "EFFORT_LEVELS",
     "KV_TIER_DECISIONS",
     "LOGITS_PROCESSOR",
     "MIDDLEWARE",
@@ -60,7 +64,7 @@ LOGITS_PROCESSOR = "meridian.vllm.thinking:MeridianThinkingProcessor"
 MIDDLEWARE = "meridian.vllm.frontend.MeridianFrontend"
 
 #: Every request argument a client sends Meridian, as the core checks them.
-REQUEST_ARGS = (CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG, WAITED_ARG)
+REQUEST_ARGS = (CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG, EFFORT_ARG, WAITED_ARG)
 #: Request header a router or client may set on a retry: how long, in ms, the client already
 #: waited for the request elsewhere (``MeridianFrontend`` hands it on as ``WAITED_ARG``).
 WAITED_HEADER = "x-meridian-waited-ms"
@@ -70,6 +74,9 @@ LOAD_PATH = "/get_load"
 #: Field of an OpenAI-API request body that carries the request arguments (vLLM's name; vLLM
 #: hands them on as ``SamplingParams.extra_args``).
 XARGS_FIELD = "vllm_xargs"
+#: Field of an OpenAI chat-completion request body with the request's reasoning effort
+#: (``MeridianFrontend`` hands the levels of ``EFFORT_LEVELS`` on as ``EFFORT_ARG``).
+EFFORT_FIELD = "reasoning_effort"
 
 #: Stamped into ``extra_args`` by ``MeridianScheduler``: the request's id and the class the core
 #: resolved for it (the logits processor sees sampling params, not requests).

@@ -184,6 +184,10 @@ class MeridianScheduler(AsyncScheduler):
         #: scripted model directly).
         self.thinking_endings: set[str] = set()
         self.meridian.set_thinking_worker(self._bus is not None)
+        #: Without the processor (vLLM's Model Runner V2 loads no V1 logits processor), vLLM's own
+        #: per-request thinking budget carries each request's hard, effort and load-aware budget:
+        #: it runs on both model runners wherever vLLM knows the reasoning markers.
+        self._sets_vllm_thinking_budget = self._bus is None and bool(markers.end)
         #: The queue the API server reads (``MeridianFrontend``): for admission at arrival, and for
         #: the load it reports to a router (``GET /get_load``) under any configuration.
         self._arrival = ArrivalPublisher()
@@ -225,7 +229,8 @@ class MeridianScheduler(AsyncScheduler):
             super().add_request(request)
             return
         try:
-            convert.check_request_args(convert.extra_args(request), self.meridian_config)
+            convert.check_request_args(
+                convert.extra_args(request), self.meridian_config, request.max_tokens, request.priority)
             handle, slo_class = self.meridian.add_request(
                 request.request_id,
                 request.arrival_time * 1000.0,
@@ -240,6 +245,8 @@ class MeridianScheduler(AsyncScheduler):
             self._reject(request, str(exc))
             return
         setattr(request, HANDLE_ATTR, handle)
+        if self._sets_vllm_thinking_budget:
+            self._set_vllm_thinking_budget(request, slo_class)
         if self._device_events is not None and request.block_hashes:
             self.meridian.set_block_hashes(handle, convert.block_hash_keys(request.block_hashes), convert.HASH_KEY_BYTES)
         self._stamp_worker_args(request, slo_class)
@@ -485,6 +492,24 @@ class MeridianScheduler(AsyncScheduler):
             self._evict_never_reusable(request, report.never_reusable_from_token)
             if self.kv_tier is not None:
                 self.kv_tier.mark_never_reusable(request.request_id, report.never_reusable_from_token)
+
+    def _set_vllm_thinking_budget(self, request: Request, slo_class: str) -> None:
+        """Sets ``thinking_token_budget`` to the budget the core gives the request at admission
+        (the client's own budget, if tighter, stays)."""
+        params = request.sampling_params
+        if params is None:
+            return
+        try:
+            control = self.meridian_config.request_thinking_control(
+                slo_class, convert.request_args_json(params.extra_args) or "{}", request.max_tokens)
+            attainment = self.meridian.recent_ttfat_attainment().get(slo_class)
+            budget = control.admission_budget(attainment, params.thinking_token_budget)
+        except MeridianError:
+            # check_request_args admitted these arguments; the request runs on with its own budget.
+            logger.exception("meridian: no thinking budget for request %s", request.request_id)
+            return
+        if budget is not None:
+            params.thinking_token_budget = budget
 
     def _stamp_worker_args(self, request: Request, slo_class: str) -> None:
         # The logits processor sees sampling params, not requests: it learns the request's id

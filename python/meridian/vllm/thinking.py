@@ -25,7 +25,6 @@ and never the engine.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -38,20 +37,18 @@ require_supported_vllm()
 import torch  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality  # noqa: E402
 
-from meridian._core import ThinkingControl, ThinkingStream  # noqa: E402
-from meridian.errors import ConfigError, MeridianError, RequestArgsError  # noqa: E402
+from meridian._core import ThinkingStream  # noqa: E402
+from meridian.errors import ConfigError, MeridianError  # noqa: E402
 from meridian.kernels.meter import CpuMeter, CudaMeter, Signals  # noqa: E402
 from meridian.vllm.bus import WorkerEndpoint  # noqa: E402
 from meridian.vllm.config import read_settings  # noqa: E402
-from meridian.vllm.convert import check_request_args  # noqa: E402
+from meridian.vllm.convert import check_request_args, request_args_json  # noqa: E402
 from meridian.vllm.names import (  # noqa: E402
     LOGITS_PROCESSOR,
     PROBE_FOR_ARG,
     REQ_ID_ARG,
     RESOLVED_CLASS_ARG,
     SCHEDULER_CLS,
-    THINKING_ARG,
-    THINKING_BUDGET_ARG,
 )
 from meridian.vllm.scheduler import MeridianScheduler  # noqa: E402
 
@@ -63,25 +60,6 @@ logger = logging.getLogger("meridian")
 
 #: Streams of requests that left the batch, kept so a preempted request resumes where it was.
 MAX_PARKED_STREAMS = 4096
-
-
-def request_control(base: ThinkingControl | None, extra_args: dict[str, Any] | None) -> ThinkingControl:
-    """The request's control from ``base`` and its ``vllm_xargs``; raises ``RequestArgsError``."""
-    extra = extra_args or {}
-    thinking = extra.get(THINKING_ARG)
-    budget = extra.get(THINKING_BUDGET_ARG)
-    if isinstance(thinking, dict):
-        # extra_args given directly (offline LLM API) may carry the object itself.
-        thinking = json.dumps(thinking)
-    if thinking is not None and not isinstance(thinking, str):
-        raise RequestArgsError(
-            f"invalid request argument `{THINKING_ARG}`: {thinking!r} must be \"off\" or a JSON object"
-        )
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
-        raise RequestArgsError(
-            f"invalid request argument `{THINKING_BUDGET_ARG}`: {budget!r} must be a whole number of tokens"
-        )
-    return ThinkingControl.for_request(base, thinking, budget)
 
 
 @dataclass(eq=False)
@@ -182,14 +160,15 @@ class MeridianThinkingProcessor(LogitsProcessor):
             self._rows[index] = parked
             self._by_req_id[req_id] = parked  # type: ignore[index]
             return
-        controlled = self._new_controlled(req_id, extra, prompt_ids, output_ids)
+        controlled = self._new_controlled(req_id, extra, params.max_tokens, prompt_ids, output_ids)
         if controlled is not None:
             self._rows[index] = controlled
             if req_id is not None:
                 self._by_req_id[req_id] = controlled
 
     def _new_controlled(
-        self, req_id: str | None, extra: dict[str, Any], prompt_ids: list[int], output_ids: list[int]
+        self, req_id: str | None, extra: dict[str, Any], max_tokens: int | None, prompt_ids: list[int],
+        output_ids: list[int],
     ) -> _Controlled | None:
         slo_class = extra.get(RESOLVED_CLASS_ARG)
         if not isinstance(slo_class, str):
@@ -197,7 +176,8 @@ class MeridianThinkingProcessor(LogitsProcessor):
             logger.warning("meridian: request %s carries no resolved SLO class; thinking control off for it", req_id)
             return None
         try:
-            control = request_control(self._config.thinking_control(slo_class), extra)
+            control = self._config.request_thinking_control(
+                slo_class, request_args_json(extra) or "{}", max_tokens)
         except MeridianError as exc:
             # validate_params rejected this at admission; reaching here means a caller bypassed it.
             logger.warning("meridian: thinking control off for request %s: %s", req_id, exc)
