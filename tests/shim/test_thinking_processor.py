@@ -197,7 +197,7 @@ def test_requests_without_arguments_are_not_touched(tiny_model: Path) -> None:
     for _ in range(4):
         before, after = d.step()
         assert torch.equal(before, after)
-    assert not d.proc._rows, "nothing tracked for uncontrolled requests"
+    assert not d.proc._v1._rows, "nothing tracked for uncontrolled requests"
 
 
 def test_a_failing_request_loses_its_control_not_the_engine(tiny_model: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -205,10 +205,10 @@ def test_a_failing_request_loses_its_control_not_the_engine(tiny_model: Path, ca
     broken = d.add(0, {"meridian_thinking_budget_tokens": 2, "meridian_req_id": "a"})
     healthy = d.add(1, {"meridian_thinking_budget_tokens": 2, "meridian_req_id": "b"})
     d.step()
-    d.proc._token_text = lambda token_id: (_ for _ in ()).throw(RuntimeError("tokenizer broke"))  # type: ignore[method-assign]
+    d.proc._v1._worker._token_text = lambda token_id: (_ for _ in ()).throw(RuntimeError("tokenizer broke"))  # type: ignore[method-assign]
     d.step()
     assert "thinking control failed for request a" in caplog.text
-    assert not d.proc._rows, "both lost control: both hit the broken tokenizer"
+    assert not d.proc._v1._rows, "both lost control: both hit the broken tokenizer"
     _, after = d.step()
     assert not torch.isinf(after).any() and broken[-1] == healthy[-1] == d.vocab["so"], "both run on, uncontrolled"
 

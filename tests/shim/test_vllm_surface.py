@@ -94,3 +94,23 @@ def test_the_tier_cache_policy_interface_never_reusable_first_lru_overrides() ->
     finished = list(inspect.signature(LRUCachePolicy.on_request_finished).parameters)
     assert finished == ["self", "key_groups", "insertion_only_keys", "reused_keys", "req_context"], finished
     assert "self._ranks[key]" in source(LRUCachePolicy.insert)
+
+
+def test_model_runner_v2_processor_interface_is_what_the_thinking_processor_reads() -> None:
+    import dataclasses
+    import inspect
+
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcessor, LogitsProcRequestState
+
+    assert {"all_token_ids", "prompt_len", "prefill_len", "device"} <= {f.name for f in dataclasses.fields(LogitsProcRequestState)}
+    assert {"idx_mapping_np", "seq_lens_upper_bound_np"} <= {f.name for f in dataclasses.fields(LogitsContext)}
+    assert list(inspect.signature(LogitsProcessor.__init__).parameters) == ["self", "vllm_config", "req_states"]
+    assert list(inspect.signature(LogitsProcessor.add_request).parameters) == ["self", "req_idx", "sampling_params"]
+    assert list(inspect.signature(LogitsProcessor.apply).parameters) == ["self", "logits", "ctx"]
+    assert LogitsProcessor.__abstractmethods__ == frozenset({"apply"})
+
+
+def test_sampling_params_carry_vllms_thinking_budget() -> None:
+    from vllm import SamplingParams
+
+    assert SamplingParams(thinking_token_budget=5).thinking_token_budget == 5

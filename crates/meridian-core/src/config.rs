@@ -403,9 +403,11 @@ struct RawConfig {
     /// Thinking control of every class that sets none of its own (`classes.<name>.thinking_control`
     /// replaces it for that class). Every rule is off unless its key is present (`"eat": {}`
     /// turns EAT on with its defaults); when several are on, the first to fire ends the
-    /// reasoning. On a vLLM server every rule needs the logits processor
-    /// (`--logits-processors meridian.vllm.thinking:MeridianThinkingProcessor`); the replay
-    /// applies `budget_tokens` and `load_aware` without one.
+    /// reasoning. On a vLLM server the rules need the logits processor
+    /// (`--logits-processors meridian.vllm.thinking:MeridianThinkingProcessor`), except the
+    /// budgets: without it the scheduler sets vLLM's own `thinking_token_budget` from
+    /// `budget_tokens`, `reasoning_effort` and `load_aware` (at the request's admission). The
+    /// replay applies `budget_tokens` and `load_aware` without one.
     #[serde(skip_serializing_if = "Option::is_none")]
     thinking_control: Option<ThinkingControl>,
 }

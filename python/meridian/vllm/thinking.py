@@ -1,11 +1,12 @@
-"""``MeridianThinkingProcessor``: thinking control inside vLLM, as a V1 logits processor.
+"""``MeridianThinkingProcessor``: thinking control inside vLLM, as a logits processor of both of
+vLLM's model runners.
 
 Selected with ``--logits-processors meridian.vllm.thinking:MeridianThinkingProcessor`` next to
 ``--scheduler-cls meridian.vllm.MeridianScheduler``; it reads the same ``meridian`` block of
 ``--additional-config`` (``thinking_control``, top level or per class) and each request's
-``vllm_xargs`` (``meridian_thinking``: ``"off"`` or a JSON object; ``meridian_thinking_budget_tokens``),
-which ``validate_params`` checks at admission (through the core) so a bad value fails that request
-with HTTP 400.
+``vllm_xargs`` (``meridian_thinking``: ``"off"`` or a JSON object; ``meridian_thinking_budget_tokens``;
+``meridian_reasoning_effort``), which ``validate_params`` checks at admission (through the core)
+so a bad value fails that request with HTTP 400.
 Each step, before sampling, it (1) hands every controlled request's newly sampled tokens to its
 core ``ThinkingStream`` together with the signals measured on the distribution each came from
 (one step late: measured at step *t*, used when token *t* is seen at *t + 1*); (2) masks the
@@ -13,8 +14,10 @@ logits of a request the core is forcing to the one forced token (closing text, t
 reasoning-end tokens); (3) measures this step's rows that the core wants measured: torch on
 CPU, the ``logits_stats`` kernel on a side CUDA stream on GPU; (4) asks the
 scheduler for EAT probes through ``meridian.vllm.bus`` and feeds probe results back. Which
-model runner: the CPU build and ``VLLM_USE_V2_MODEL_RUNNER=0`` run this V1 interface; the V2
-runner (the GPU default in vLLM 0.32) has its own processor interface, not covered yet.
+model runner: one class implements both interfaces, and vLLM calls the one its runner has —
+V1 (the CPU build, ``VLLM_USE_V2_MODEL_RUNNER=0``): persistent batch rows and the runner's
+output lists (``_V1Batch``); Model Runner V2 (the GPU default): request slots, per-step rows and
+the runner's token history on the device (``_V2Batch``). The work itself is one (``_Worker``).
 It needs ``MeridianScheduler``, which stamps each request's resolved SLO class into its
 ``extra_args``; the processor reads that class and never guesses one. Invariant: the processor
 decides nothing (the core does) and changes no logits of a request
@@ -22,7 +25,6 @@ that is not being forced; with no request under control it returns the logits un
 failure while handling one request drops that request's control (logged), never the request
 and never the engine.
 """
-
 from __future__ import annotations
 
 import logging
@@ -36,6 +38,9 @@ require_supported_vllm()
 
 import torch  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality  # noqa: E402
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext as V2LogitsContext  # noqa: E402
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor  # noqa: E402
+from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcRequestState as V2RequestState  # noqa: E402
 
 from meridian._core import ThinkingStream  # noqa: E402
 from meridian.errors import ConfigError, MeridianError  # noqa: E402
@@ -87,20 +92,13 @@ class _Probe:
 Tag = tuple["_Controlled | _Probe", int]
 
 
-class MeridianThinkingProcessor(LogitsProcessor):
-    """Ends reasoning early by the core's thinking-control rules (see the module docs)."""
+class _Worker:
+    """The processor's work on the requests under control, whatever vLLM's processor interface:
+    taking a request up (its control from the core), handing it each new token with its signals,
+    forcing, measuring, EAT probes and stop reports. The interfaces below only say which logits
+    row belongs to which request and where its tokens are."""
 
-    @classmethod
-    def validate_params(cls, sampling_params: SamplingParams) -> None:
-        # Runs in the API server, which gives it no configuration: the core checks the request's
-        # arguments, the class for its type only (its name is checked against the server's
-        # classes by the --middleware RequestArgsCheck, and by the scheduler).
-        try:
-            check_request_args(sampling_params.extra_args, None)
-        except MeridianError as exc:
-            raise ValueError(str(exc)) from exc
-
-    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool) -> None:
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         _require_meridian_scheduler(vllm_config)
         settings = read_settings(vllm_config, resolve_tool_calls=False)
         self._config = settings.config
@@ -113,8 +111,6 @@ class MeridianThinkingProcessor(LogitsProcessor):
         #: Under tensor parallelism every rank runs this processor on the same logits and makes
         #: the same decisions; only the first asks for probes and reports stops, once.
         self._speaks_for_engine = _is_first_rank()
-        self._rows: dict[int, _Controlled] = {}
-        self._probes: dict[int, _Probe] = {}
         self._by_req_id: dict[str, _Controlled] = {}
         self._parked: OrderedDict[str, _Controlled] = OrderedDict()
         self._texts: dict[int, str] = {}
@@ -122,49 +118,51 @@ class MeridianThinkingProcessor(LogitsProcessor):
         if not self._end_ids:
             logger.info("meridian: no --reasoning-parser; thinking control is off")
 
-    def is_argmax_invariant(self) -> bool:
-        return False
+    # ---- taking requests up and letting them go ---------------------------------------------
 
-    # ---- batch bookkeeping --------------------------------------------------------------------
+    def wants(self, params: SamplingParams) -> bool:
+        """Whether a request with these params comes under control: a probe, or a request whose
+        control has a rule on or whose class degrades (V2's sampler skips the logits work of a
+        batch where no request wants it)."""
+        extra = params.extra_args or {}
+        if isinstance(extra.get(PROBE_FOR_ARG), str):
+            return True
+        slo_class = extra.get(RESOLVED_CLASS_ARG)
+        if not self._end_ids or not isinstance(slo_class, str):
+            return False
+        try:
+            control = self._config.request_thinking_control(slo_class, request_args_json(extra) or "{}", params.max_tokens)
+            return self._config.thinking_stream_wanted(slo_class, control)
+        except MeridianError:
+            return False
 
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        self._absorb(self._collect())
-        if batch_update is None:
-            return
-        for index in batch_update.removed:
-            self._remove_row(index)
-        for index, params, prompt_ids, output_ids in batch_update.added:
-            self._remove_row(index)
-            try:
-                self._add_row(index, params, prompt_ids or [], output_ids)
-            except Exception:  # noqa: BLE001 - the request runs on, uncontrolled
-                logger.exception("meridian: thinking control could not take up a request; it runs without")
-                self._rows.pop(index, None)
-                self._probes.pop(index, None)
-        for a, b, direction in batch_update.moved:
-            self._move_row(a, b, direction)
+    def take_up(self, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> _Controlled | _Probe | None:
+        """The request's control (a parked one resumes), its probe, or ``None``: not controlled.
+        A failure leaves the request uncontrolled, never failed."""
+        try:
+            return self._take_up(params, prompt_ids, output_ids)
+        except Exception:  # noqa: BLE001 - the request runs on, uncontrolled
+            logger.exception("meridian: thinking control could not take up a request; it runs without")
+            return None
 
-    def _add_row(self, index: int, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> None:
+    def _take_up(self, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> _Controlled | _Probe | None:
         extra = params.extra_args or {}
         parent = extra.get(PROBE_FOR_ARG)
         if isinstance(parent, str):
-            self._probes[index] = _Probe(parent)
-            return
+            return _Probe(parent)
         if not self._end_ids:
-            return
+            return None
         req_id = extra.get(REQ_ID_ARG) if isinstance(extra.get(REQ_ID_ARG), str) else None
         parked = self._parked.pop(req_id, None) if req_id is not None else None
         if parked is not None:
             # A preempted request resumes: same stream, the runner's new output list.
             parked.output_token_ids = output_ids
-            self._rows[index] = parked
             self._by_req_id[req_id] = parked  # type: ignore[index]
-            return
+            return parked
         controlled = self._new_controlled(req_id, extra, params.max_tokens, prompt_ids, output_ids)
-        if controlled is not None:
-            self._rows[index] = controlled
-            if req_id is not None:
-                self._by_req_id[req_id] = controlled
+        if controlled is not None and req_id is not None:
+            self._by_req_id[req_id] = controlled
+        return controlled
 
     def _new_controlled(
         self, req_id: str | None, extra: dict[str, Any], max_tokens: int | None, prompt_ids: list[int],
@@ -197,59 +195,74 @@ class MeridianThinkingProcessor(LogitsProcessor):
             self._closing_ids[text] = list(self._tokenizer.encode(text, add_special_tokens=False))
         return self._closing_ids[text]
 
-    def _remove_row(self, index: int) -> None:
-        probe = self._probes.pop(index, None)
-        if probe is not None:
-            probe.removed = True
-            self._deliver_probe(probe)
-        controlled = self._rows.pop(index, None)
-        if controlled is None:
+    def let_go(self, owner: _Controlled | _Probe) -> None:
+        """The request left the batch: a probe delivers what it measured; a controlled request
+        sees its last tokens and, still thinking, is parked for its resumption."""
+        if isinstance(owner, _Probe):
+            owner.removed = True
+            self._deliver_probe(owner)
             return
         try:
-            self._consume_tokens(controlled)
+            self._consume_tokens(owner)
         except Exception:  # noqa: BLE001 - the request is leaving; its control goes with it
-            logger.exception("meridian: thinking control failed for request %s", controlled.req_id)
+            logger.exception("meridian: thinking control failed for request %s", owner.req_id)
             return
-        if controlled.req_id is not None:
-            self._by_req_id.pop(controlled.req_id, None)
-            if controlled.stream.phase != "answering":
-                self._parked[controlled.req_id] = controlled
+        if owner.req_id is not None:
+            self._by_req_id.pop(owner.req_id, None)
+            if owner.stream.phase != "answering":
+                self._parked[owner.req_id] = owner
                 while len(self._parked) > MAX_PARKED_STREAMS:
                     self._parked.popitem(last=False)
 
-    def _move_row(self, a: int, b: int, direction: MoveDirectionality) -> None:
-        for table in (self._rows, self._probes):
-            first, second = table.pop(a, None), table.pop(b, None)
-            if first is not None:
-                table[b] = first  # type: ignore[assignment]
-            if second is not None and direction == MoveDirectionality.SWAP:
-                table[a] = second  # type: ignore[assignment]
+    def drop(self, controlled: _Controlled) -> None:
+        """Drops control of a request whose step failed; the request itself runs on, uncontrolled."""
+        logger.exception("meridian: thinking control failed for request %s; it continues without", controlled.req_id)
+        if controlled.req_id is not None:
+            self._by_req_id.pop(controlled.req_id, None)
 
     # ---- the step -------------------------------------------------------------------------------
 
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        if not self._rows and not self._probes:
-            return logits
-        self._absorb(self._collect())
+    def absorb_measured(self) -> None:
+        """Takes in the signals measured on earlier steps that are ready."""
+        try:
+            measured = self._meter.collect()
+        except Exception:  # noqa: BLE001 - lost signals only delay a decision
+            logger.exception("meridian: collecting thinking signals failed")
+            return
+        for (owner, position), values in measured:
+            if isinstance(owner, _Probe):
+                owner.entropy_nats = values[0]
+                if owner.removed:
+                    self._deliver_probe(owner)
+            elif position >= owner.num_seen:
+                owner.signals[position] = values
+
+    def step(self, logits: torch.Tensor, rows: list[tuple[int, _Controlled]],
+             probe_rows: list[tuple[int, _Probe]]) -> list[_Controlled]:
+        """Brings each controlled request up to date, masks the rows being forced and measures
+        the rows the core wants measured; returns the requests whose control failed."""
+        self.absorb_measured()
         attainment = self._bus.attainment()
         endings = self._bus.thinking_endings()
-        rows: list[int] = []
+        measured: list[int] = []
         tags: list[Tag] = []
-        for row, controlled in list(self._rows.items()):
+        failed: list[_Controlled] = []
+        for row, controlled in rows:
             try:
                 if self._step_row(logits, row, controlled, attainment, endings):
-                    rows.append(row)
+                    measured.append(row)
                     tags.append((controlled, len(controlled.output_token_ids)))
             except Exception:  # noqa: BLE001 - one request's fault must not take the engine down
-                self._release(row, controlled)
-        for row, probe in self._probes.items():
-            rows.append(row)
+                self.drop(controlled)
+                failed.append(controlled)
+        for row, probe in probe_rows:
+            measured.append(row)
             tags.append((probe, 0))
         try:
-            self._meter.submit(logits, rows, tags, self._end_ids[0] if self._end_ids else 0)
+            self._meter.submit(logits, measured, tags, self._end_ids[0] if self._end_ids else 0)
         except Exception:  # noqa: BLE001 - without signals the rules wait; serving goes on
             logger.exception("meridian: measuring thinking signals failed this step")
-        return logits
+        return failed
 
     def _step_row(self, logits: torch.Tensor, row: int, controlled: _Controlled, attainment: dict[str, float],
                   endings: frozenset[str]) -> bool:
@@ -267,29 +280,6 @@ class MeridianThinkingProcessor(LogitsProcessor):
             logits[row, forced] = 0.0
             return False
         return controlled.stream.wants_signals()
-
-    def _release(self, row: int, controlled: _Controlled) -> None:
-        """Drops control of a request whose step failed; the request itself runs on, uncontrolled."""
-        logger.exception("meridian: thinking control failed for request %s; it continues without", controlled.req_id)
-        self._rows.pop(row, None)
-        if controlled.req_id is not None:
-            self._by_req_id.pop(controlled.req_id, None)
-
-    def _collect(self) -> list[tuple[Tag, Signals]]:
-        try:
-            return self._meter.collect()
-        except Exception:  # noqa: BLE001 - lost signals only delay a decision
-            logger.exception("meridian: collecting thinking signals failed")
-            return []
-
-    def _absorb(self, measured: list[tuple[Tag, Signals]]) -> None:
-        for (owner, position), values in measured:
-            if isinstance(owner, _Probe):
-                owner.entropy_nats = values[0]
-                if owner.removed:
-                    self._deliver_probe(owner)
-            elif position >= owner.num_seen:
-                owner.signals[position] = values
 
     def _consume_tokens(self, controlled: _Controlled) -> None:
         output = controlled.output_token_ids
@@ -342,6 +332,200 @@ class MeridianThinkingProcessor(LogitsProcessor):
             text = self._tokenizer.decode([token_id]) if self._tokenizer is not None else ""
             self._texts[token_id] = text
         return text
+
+
+class _V1Batch:
+    """vLLM's V1 interface (the CPU build; GPUs with ``VLLM_USE_V2_MODEL_RUNNER=0``): rows are
+    persistent batch indices, moved and removed by ``BatchUpdate``; each request's output list
+    is the runner's own, appended to in place."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self._worker = worker
+        self._rows: dict[int, _Controlled] = {}
+        self._probes: dict[int, _Probe] = {}
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        self._worker.absorb_measured()
+        if batch_update is None:
+            return
+        for index in batch_update.removed:
+            self._remove_row(index)
+        for index, params, prompt_ids, output_ids in batch_update.added:
+            self._remove_row(index)
+            owner = self._worker.take_up(params, prompt_ids or [], output_ids)
+            if isinstance(owner, _Probe):
+                self._probes[index] = owner
+            elif owner is not None:
+                self._rows[index] = owner
+        for a, b, direction in batch_update.moved:
+            self._move_row(a, b, direction)
+
+    def _remove_row(self, index: int) -> None:
+        owner: _Controlled | _Probe | None = self._probes.pop(index, None) or self._rows.pop(index, None)
+        if owner is not None:
+            self._worker.let_go(owner)
+
+    def _move_row(self, a: int, b: int, direction: MoveDirectionality) -> None:
+        for table in (self._rows, self._probes):
+            first, second = table.pop(a, None), table.pop(b, None)
+            if first is not None:
+                table[b] = first  # type: ignore[assignment]
+            if second is not None and direction == MoveDirectionality.SWAP:
+                table[a] = second  # type: ignore[assignment]
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self._rows and not self._probes:
+            return logits
+        failed = self._worker.step(logits, list(self._rows.items()), list(self._probes.items()))
+        for controlled in failed:
+            for row in [r for r, c in self._rows.items() if c is controlled]:
+                del self._rows[row]
+        return logits
+
+
+class _V2Batch:
+    """vLLM's Model Runner V2 interface (the GPU default): requests live in slots that are
+    reused without notice, logits rows change every step (``ctx.idx_mapping_np``: row → slot),
+    and tokens are read from the runner's per-slot history (``req_states.all_token_ids``, valid
+    below each row's ``seq_lens_upper_bound_np``). A request is taken up at its first step, once
+    its prompt is on the device; a slot's next occupant lets the previous one go. Under
+    speculative decoding (several rows per request) no request is controlled."""
+
+    def __init__(self, worker: _Worker, req_states: V2RequestState) -> None:
+        self._worker = worker
+        self._req_states = req_states
+        self._slots: dict[int, _Controlled | _Probe] = {}
+        self._pending: dict[int, SamplingParams] = {}
+        self._warned_rows = False
+
+    def add_request(self, slot: int, params: SamplingParams) -> bool:
+        owner = self._slots.pop(slot, None)
+        if owner is not None:
+            self._worker.let_go(owner)
+        self._pending.pop(slot, None)
+        if not self._worker.wants(params):
+            return False
+        self._pending[slot] = params
+        return True
+
+    def apply(self, logits: torch.Tensor, ctx: V2LogitsContext) -> torch.Tensor:
+        if not self._slots and not self._pending:
+            return logits
+        slots = [int(s) for s in ctx.idx_mapping_np]
+        if logits.shape[0] != len(slots):
+            if not self._warned_rows:
+                self._warned_rows = True
+                logger.warning("meridian: speculative decoding gives several logits rows per request; "
+                               "thinking control is off under it")
+            return logits
+        seq_lens = [int(n) for n in ctx.seq_lens_upper_bound_np[: len(slots)]]
+        for slot in slots:
+            if slot in self._pending:
+                self._take_up(slot)
+        rows: list[tuple[int, _Controlled]] = []
+        probe_rows: list[tuple[int, _Probe]] = []
+        self._read_new_tokens(slots, seq_lens)
+        for row, slot in enumerate(slots):
+            owner = self._slots.get(slot)
+            if isinstance(owner, _Controlled):
+                rows.append((row, owner))
+            elif isinstance(owner, _Probe):
+                probe_rows.append((row, owner))
+        failed = self._worker.step(logits, rows, probe_rows)
+        for row, probe in probe_rows:
+            # A probe samples one token: the row of its whole prompt is its only real one (earlier
+            # rows were prefill chunks, their samples dropped); what it measured there is final.
+            slot = slots[row]
+            if seq_lens[row] >= int(self._req_states.prefill_len.np[slot]):
+                self._slots.pop(slot, None)
+                self._worker.let_go(probe)
+        for controlled in failed:
+            for slot in [s for s, c in self._slots.items() if c is controlled]:
+                del self._slots[slot]
+        return logits
+
+    def _take_up(self, slot: int) -> None:
+        # The whole prompt is in the history from the request's first step, chunked or not.
+        params = self._pending.pop(slot)
+        prompt_len = int(self._req_states.prompt_len.np[slot])
+        prompt = self._req_states.all_token_ids.gpu[slot, :prompt_len].tolist()
+        owner = self._worker.take_up(params, prompt, [])
+        if owner is not None:
+            self._slots[slot] = owner
+
+    def _read_new_tokens(self, slots: list[int], seq_lens: list[int]) -> None:
+        """Appends each controlled request's committed tokens it has not read yet, in one copy
+        from the device."""
+        history = self._req_states.all_token_ids.gpu
+        spans: list[tuple[_Controlled, int]] = []
+        pieces = []
+        for slot, seq_len in zip(slots, seq_lens):
+            owner = self._slots.get(slot)
+            if not isinstance(owner, _Controlled):
+                continue
+            start = int(self._req_states.prompt_len.np[slot]) + len(owner.output_token_ids)
+            if seq_len > start:
+                pieces.append(history[slot, start:seq_len])
+                spans.append((owner, seq_len - start))
+        if not pieces:
+            return
+        tokens = torch.cat(pieces).tolist()
+        at = 0
+        for owner, count in spans:
+            owner.output_token_ids.extend(tokens[at : at + count])
+            at += count
+
+
+class MeridianThinkingProcessor(LogitsProcessor, V2LogitsProcessor):
+    """Ends reasoning early by the core's thinking-control rules (see the module docs). One class
+    for both of vLLM's processor interfaces: vLLM builds it with ``(vllm_config, device,
+    is_pin_memory)`` under the V1 model runner and with ``(vllm_config, req_states)`` under V2,
+    and calls only its runner's methods."""
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        # Runs in the API server, which gives it no configuration: the core checks the request's
+        # arguments, the class for its type only (its name is checked against the server's
+        # classes by the --middleware MeridianFrontend, and by the scheduler).
+        try:
+            check_request_args(sampling_params.extra_args, None)
+        except MeridianError as exc:
+            raise ValueError(str(exc)) from exc
+
+    def __init__(self, vllm_config: VllmConfig, *runner_args: Any) -> None:
+        if len(runner_args) == 1 and isinstance(runner_args[0], V2RequestState):
+            req_states = runner_args[0]
+            self._v1: _V1Batch | None = None
+            self._v2: _V2Batch | None = _V2Batch(_Worker(vllm_config, req_states.device), req_states)
+        elif len(runner_args) == 2:
+            device, _is_pin_memory = runner_args
+            self._v1, self._v2 = _V1Batch(_Worker(vllm_config, device)), None
+        else:
+            raise TypeError(f"{LOGITS_PROCESSOR}: unknown constructor arguments from vLLM: {runner_args!r}")
+
+    # ---- V1 -----------------------------------------------------------------------------------
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        assert self._v1 is not None, "vLLM's V1 runner calls update_state"
+        self._v1.update_state(batch_update)
+
+    # ---- V2 -----------------------------------------------------------------------------------
+
+    def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
+        assert self._v2 is not None, "vLLM's V2 runner calls add_request"
+        return self._v2.add_request(req_idx, sampling_params)
+
+    # ---- both ---------------------------------------------------------------------------------
+
+    def apply(self, logits: torch.Tensor, ctx: V2LogitsContext | None = None) -> torch.Tensor:
+        if self._v2 is not None:
+            assert ctx is not None, "vLLM's V2 runner passes the batch layout"
+            return self._v2.apply(logits, ctx)
+        assert self._v1 is not None
+        return self._v1.apply(logits)
 
 
 def _require_meridian_scheduler(vllm_config: VllmConfig) -> None:
