@@ -19,7 +19,7 @@ from meridian.demo.server import StreamResult, VllmServer, stream_chat
 from meridian.demo.thinking import LOAD_AWARE, MODES, PROCESSOR_ARGS, STRICT_CLASS, server_config_json
 from meridian.offline.tiny import LETTERS
 from meridian.vllm.bus import ATTAINMENT_READ_PERIOD_S
-from meridian.vllm.names import BUS_DIR_ENV
+from meridian.vllm.names import BUS_DIR_ENV, EFFORT_ARG, MIDDLEWARE
 
 from tiny_server import FIXTURE, MODEL, server_args
 
@@ -29,13 +29,16 @@ SERVER_ARGS = server_args(kv_cache_tokens=4096, max_num_seqs=8)
 NUM_THINK = 60
 NUM_ANSWER = 5
 RULES = {"budget 12": "budget", "eat": "eat", "proxy": "proxy", "rpdi": "rpdi"}
+#: Thinking budgets per reasoning_effort level, small enough for the tiny model's countdown.
+EFFORT = {"low_tokens": 10, "medium_tokens": 20, "high_tokens": 30, "answer_room_tokens": 16}
 
 
 @pytest.fixture(scope="module")
 def server(cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     folder = tmp_path_factory.mktemp("live-thinking")
     log = folder / "requests.jsonl"
-    args = SERVER_ARGS + PROCESSOR_ARGS + ["--additional-config", server_config_json({"request_log_path": str(log)})]
+    config = server_config_json({"request_log_path": str(log), "thinking_control": {"reasoning_effort": EFFORT}})
+    args = SERVER_ARGS + PROCESSOR_ARGS + ["--middleware", MIDDLEWARE, "--additional-config", config]
     # The server's own bus folder, so a test can read the attainment the scheduler publishes.
     with pytest.MonkeyPatch.context() as env:
         env.setenv(BUS_DIR_ENV, str(folder / "bus"))
@@ -65,11 +68,12 @@ def log_lines(server: VllmServer) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-def ask(server: VllmServer, xargs: dict[str, Any] | None) -> tuple[StreamResult, dict[str, Any]]:
-    """One request; returns what the client got and the request log's line for it (the scheduler
-    writes it as the request finishes, so the line is awaited: exactly one new line)."""
+def ask(server: VllmServer, xargs: dict[str, Any] | None, **fields: Any) -> tuple[StreamResult, dict[str, Any]]:
+    """One request (``fields``: more of the request body); returns what the client got and the
+    request log's line for it (the scheduler writes it as the request finishes, so the line is
+    awaited: exactly one new line)."""
     before = len(log_lines(server))
-    extra = {"vllm_xargs": xargs} if xargs is not None else None
+    extra = {**({"vllm_xargs": xargs} if xargs is not None else {}), **fields} or None
     result = stream_chat(server.base_url, MODEL, f"think {NUM_THINK} answer {NUM_ANSWER}", max_tokens=200, extra=extra)
     assert result.status == 200 and result.error is None, result.error
     deadline = time.monotonic() + 60.0
@@ -122,6 +126,26 @@ def test_load_aware_budget_tightens_once_the_class_misses_its_target(server: Vll
     assert second.content.split() == LETTERS[:NUM_ANSWER]
     assert logged["thinking_stopped_by"] == "load_aware_budget"
     print(f"\nload-aware: {NUM_THINK - len(second.reasoning.split())} of {NUM_THINK} thinking tokens saved")
+
+
+@pytest.mark.parametrize(("effort", "num_think"), [("low", 10), ("high", 30)])
+def test_reasoning_effort_sets_the_thinking_budget_of_its_level(server: VllmServer, effort: str, num_think: int) -> None:
+    # The OpenAI API's field: the middleware hands it on, the processor's core control applies it.
+    result, logged = ask(server, None, reasoning_effort=effort)
+    assert result.reasoning.split() == countdown()[:num_think]
+    assert result.content.split() == LETTERS[:NUM_ANSWER], "the answer follows"
+    assert (logged["thinking_stopped_by"], logged["thinking_stopped_after_tokens"]) == ("budget", num_think)
+
+
+def test_an_effort_that_leaves_no_room_for_the_answer_is_refused_with_400(server: VllmServer) -> None:
+    import httpx
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "think 3 answer 2"}], "max_tokens": 16,
+            "temperature": 0.0, "reasoning_effort": "low"}
+    response = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert f"`{EFFORT_ARG}`" in message and "max_tokens is 16" in message, message
 
 
 @pytest.mark.parametrize(
