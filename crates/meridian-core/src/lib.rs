@@ -59,8 +59,9 @@ pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
 pub use reasoning_effort::{EffortBudgets, ReasoningEffort, EFFORT_ARG};
 pub use request_args::{check_request_args, thinking_control_for_request, MAX_WAITED_MS, WAITED_ARG};
 pub use scheduler::{
-    parse_shed_notice, ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Footprint, Meridian, NewRequest,
-    Preemption, ReqHandle, SchedulerStats, Shed, ShedNotice, ShedReason, StepPlan, SHED_MARKER,
+    parse_shed_notice, AdmissionRule, ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Footprint,
+    Meridian, NewRequest, PolicyTraits, Preemption, ReqHandle, RunningOrder, SchedulerStats, Shed,
+    ShedNotice, ShedReason, StepPlan, WaitingOrderRule, SHED_MARKER,
 };
 pub use slo::{ClassId, OnOverload, ShedUntil, SloClass, SloTargets, WaitingOrder, CLASS_ARG};
 pub use step_model::{StepCoefficients, StepShape};

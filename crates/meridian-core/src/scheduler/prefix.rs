@@ -7,7 +7,6 @@
 //! exceeds their guard.
 
 use super::{Hot, Meridian, ReqHandle};
-use crate::config::Policy;
 use crate::error::Result;
 use crate::kv_tier::TierId;
 use crate::prefix_index::{CachedPrefix, Medium};
@@ -59,7 +58,7 @@ impl Meridian {
 
     /// Whether the shim should feed the index: the rule is on under Meridian's own policy.
     pub fn wants_block_events(&self) -> bool {
-        self.config.prefix_affinity.enabled && self.config.policy == Policy::Meridian
+        self.config.prefix_affinity.enabled && self.traits.prefix_affinity
     }
 
     /// The affinity part of a waiting request's key, when the rule applies (the policy is

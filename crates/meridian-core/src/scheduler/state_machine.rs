@@ -19,7 +19,7 @@ use proptest::test_runner::{Config as ProptestConfig, RngSeed, TestRunner};
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 
 use super::*;
-use crate::kv_tier::TierSpan;
+use crate::kv_tier::{TierId, TierSpan};
 use crate::prefix_index::Medium;
 
 const THINK: u32 = 1;

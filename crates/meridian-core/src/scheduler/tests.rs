@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::slo::WaitingOrder;
 use crate::Medium;
 use std::collections::HashSet;
 

@@ -10,6 +10,12 @@ use crate::kv_tier::{RestorePlan, TierCounters, TierId, TierSpan};
 use crate::step_model::StepShape;
 
 impl Meridian {
+    /// Whether a tier keeps the blocks a live request stored until the request finishes (the
+    /// policy's [`super::PolicyTraits::tier_retention`]; otherwise the tier's own order evicts them).
+    pub fn retains_live_tier_blocks(&self) -> bool {
+        self.traits.tier_retention
+    }
+
     /// Registers a KV tier by the connector's name for it; the same name gives the same id.
     /// `staged`: slower tiers sit behind it (a lookup ahead of time starts moving a block up),
     /// so the plans prefetch for waiting requests next in line (`kv_tier.prefetch_requests`).
