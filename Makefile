@@ -20,9 +20,12 @@ demo: setup bench-live-setup  ## Set everything up, then run the main job (stock
 	$(VENV)/bin/meridian demo
 
 .PHONY: lint
-lint:  ## rustfmt, clippy (warnings are errors), the import contracts, the docs site --strict (needs .venv: make setup)
+lint:  ## rustfmt, clippy (warnings are errors), ruff, mypy --strict, the import contracts, the docs site --strict (needs .venv: make setup)
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check python/
+	$(VENV)/bin/ruff format --check python/
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/check_import_time.py
 	$(PY) scripts/gen_reference.py --check

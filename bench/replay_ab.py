@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "traces"
 
 
-#: The FCFS ~50 % load of each workload as `fcfs_half_load` found it (deterministic: the other
+#: The FCFS ~50 % load of each workload as `fcfs_load_at(workload, 0.5)` found it (deterministic: the other
 #: bench scripts replay there without searching again).
 HALF_LOAD = {"azure": 0.06099050286617136, "mooncake": 0.41843276745728586}
 
@@ -135,11 +135,6 @@ def fcfs_load_at(
     probes.sort(key=lambda p: p["rate_scale"])
     best = min(probes, key=lambda p: abs(p["attainment"] - target))
     return best["rate_scale"], probes
-
-
-def fcfs_half_load(workload: Workload, rounds: int = 2) -> tuple[float, list[dict[str, float]]]:
-    """The probed rate scale whose FCFS attainment is closest to 50 %."""
-    return fcfs_load_at(workload, 0.5, rounds=rounds)
 
 
 #: Requests of the unloaded reference replay (the first ones of the window, at 1 % of the rate).

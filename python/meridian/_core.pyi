@@ -4,9 +4,31 @@ from collections.abc import Sequence
 from typing import Final, Literal, final
 
 __all__ = [
-    "__version__", "ARRIVAL_SNAPSHOT_FORMAT", "CLASS_ARG", "POLICY_NAMES", "SHED_MARKER", "SHED_REASONS", "THINKING_STOP_RULES", "THINKING_ARG",
-    "THINKING_BUDGET_ARG", "WAITED_ARG", "EFFORT_ARG", "EFFORT_LEVELS", "ArrivalGate", "Config", "FinishedRequest", "Meridian", "RestorePlan", "Shed", "StepPlan", "ThinkingControl",
-    "ThinkingStream", "check_request_args", "config_schema", "kernel_source", "parse_shed_notice",
+    "__version__",
+    "ARRIVAL_SNAPSHOT_FORMAT",
+    "CLASS_ARG",
+    "POLICY_NAMES",
+    "SHED_MARKER",
+    "SHED_REASONS",
+    "THINKING_STOP_RULES",
+    "THINKING_ARG",
+    "THINKING_BUDGET_ARG",
+    "WAITED_ARG",
+    "EFFORT_ARG",
+    "EFFORT_LEVELS",
+    "ArrivalGate",
+    "Config",
+    "FinishedRequest",
+    "Meridian",
+    "RestorePlan",
+    "Shed",
+    "StepPlan",
+    "ThinkingControl",
+    "ThinkingStream",
+    "check_request_args",
+    "config_schema",
+    "kernel_source",
+    "parse_shed_notice",
 ]
 __version__: str
 #: Request argument (``vllm_xargs`` / ``SamplingParams.extra_args``) naming the SLO class.
@@ -42,9 +64,7 @@ def config_schema() -> str:
 def kernel_source(name: str) -> str:
     """Source of a bundled CUDA kernel file by name."""
 
-def check_request_args(
-    args_json: str, config: Config | None, max_tokens: int | None = None, priority: int = 0
-) -> None:
+def check_request_args(args_json: str, config: Config | None, max_tokens: int | None = None, priority: int = 0) -> None:
     """Checks a request's Meridian arguments (the JSON object of its request arguments) against
     ``config`` (``None``: the class's type only) and, for ``meridian_reasoning_effort``'s answer
     room, the request's ``max_tokens`` and ``priority``; raises ``RequestArgsError`` naming the
@@ -330,7 +350,9 @@ class Meridian:
         """The engine's queue as an arriving request would meet it, as the JSON text an
         ``ArrivalGate`` reads (``now_ms``: wall clock, also the snapshot's time)."""
     def on_preempted(self, now_ms: float, handle: int) -> tuple[str, bool]: ...
-    def on_tokens_batch(self, now_ms: float, handles: list[int], counts: list[int], flat_token_ids: list[int]) -> None: ...
+    def on_tokens_batch(
+        self, now_ms: float, handles: list[int], counts: list[int], flat_token_ids: list[int]
+    ) -> None: ...
     def on_step_output(
         self, now_ms: float, step_id: int, num_prefill_tokens: int, num_decode_requests: int, num_context_tokens: int
     ) -> float | None:
@@ -374,6 +396,8 @@ class Meridian:
         """A tier holds the first ``num_tokens[i]`` tokens of request ``handles[i]``'s KV (0 forgets it)."""
     def set_block_hashes(self, handle: int, block_hashes: bytes, hash_size: int) -> None:
         """The block hashes of a request's prompt, back to back, ``hash_size`` bytes each."""
+    def retains_live_tier_blocks(self) -> bool:
+        """Whether a KV tier keeps the blocks a live request stored until it finishes (per policy)."""
     def wants_block_events(self) -> bool:
         """Whether prefix-aware admission wants the device cache's and the tiers' block events."""
     def on_block_events(self, tier: int | None, ops: bytes, block_hashes: bytes, hash_size: int) -> None:
@@ -395,7 +419,6 @@ class Meridian:
     def kv_tier_counters(self) -> dict[str, int]:
         """``num_restores``, ``num_restored_tokens``, ``num_recomputes``, ``num_recomputed_tokens``,
         ``num_failed_load_blocks``."""
-
 
 @final
 class ThinkingControl:

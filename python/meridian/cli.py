@@ -53,17 +53,33 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     demo = sub.add_parser("demo", help="stock vLLM vs Meridian: scripted, replay, live and thinking-control parts")
-    demo.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="scripted scenario seeds (default: 0 1 2)")
+    demo.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="scripted scenario seeds (default: 0 1 2)"
+    )
     demo.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where vLLM caches and the tiny model live")
     demo.add_argument("--json", type=Path, help="also write the metrics to this JSON file")
-    demo.add_argument("--parts", nargs="+", choices=DEMO_PARTS, default=list(DEMO_PARTS),
-                      help="which parts to run (default: all)")
-    demo.add_argument("--model", type=Path, default=None, help="model folder for the live parts "
-                      "(default: tests/fixtures/tiny-reasoner)")
-    demo.add_argument("--live-requests", type=_positive_int, default=None,
-                      help="requests aiperf replays in the live part (default: 20 s of arrivals at the live rate)")
-    demo.add_argument("--live-rate", type=_positive, default=None, help="arrivals per second in the live part "
-                      "(default: 1.5x the stock server's capacity, measured first with a burst)")
+    demo.add_argument(
+        "--parts", nargs="+", choices=DEMO_PARTS, default=list(DEMO_PARTS), help="which parts to run (default: all)"
+    )
+    demo.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="model folder for the live parts (default: tests/fixtures/tiny-reasoner)",
+    )
+    demo.add_argument(
+        "--live-requests",
+        type=_positive_int,
+        default=None,
+        help="requests aiperf replays in the live part (default: 20 s of arrivals at the live rate)",
+    )
+    demo.add_argument(
+        "--live-rate",
+        type=_positive,
+        default=None,
+        help="arrivals per second in the live part "
+        "(default: 1.5x the stock server's capacity, measured first with a burst)",
+    )
     demo.set_defaults(handler=_demo)
 
 
@@ -113,67 +129,128 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "engine core, in virtual time on a hardware profile. Without --trace: the bundled Azure LLM 2023 "
         "excerpt (code + conversation, CC-BY-4.0) with ServeGen reasoning lengths.",
     )
-    replay.add_argument("--trace", type=Path, action="append", default=None,
-                        help="trace file (Mooncake JSONL, Azure LLM CSV, Meridian JSONL); repeat to merge several")
-    replay.add_argument("--format", choices=["mooncake", "azure", "meridian"], default=None,
-                        help="trace format (default: inferred from the file)")
-    replay.add_argument("--reasoning", choices=["auto", "trace", "servegen", "servegen-ratio", "none"], default="auto",
-                        help="thinking/answer split: from the trace, sampled from ServeGen's DeepSeek-R1 "
-                        "distributions (whole output, or the trace's output split by a sampled ratio), or none "
-                        "(default auto: the trace's split when it has one, else servegen)")
-    replay.add_argument("--servegen-dir", type=Path, default=None,
-                        help="ServeGen data/reason/deepseek-r1 folder (default: the bundled summary)")
-    replay.add_argument("--classes", default=None,
-                        help="SLO class rule: trace | fixed:NAME | mix:a=0.2,b=0.8 | by-source:code=A,conv=B")
-    replay.add_argument("--rate-scale", type=_floats, default=None,
-                        help="arrival-rate multipliers, comma-separated; several give a load sweep "
-                        "(default 1; the demo's 0.08 for the bundled excerpt)")
+    replay.add_argument(
+        "--trace",
+        type=Path,
+        action="append",
+        default=None,
+        help="trace file (Mooncake JSONL, Azure LLM CSV, Meridian JSONL); repeat to merge several",
+    )
+    replay.add_argument(
+        "--format",
+        choices=["mooncake", "azure", "meridian"],
+        default=None,
+        help="trace format (default: inferred from the file)",
+    )
+    replay.add_argument(
+        "--reasoning",
+        choices=["auto", "trace", "servegen", "servegen-ratio", "none"],
+        default="auto",
+        help="thinking/answer split: from the trace, sampled from ServeGen's DeepSeek-R1 "
+        "distributions (whole output, or the trace's output split by a sampled ratio), or none "
+        "(default auto: the trace's split when it has one, else servegen)",
+    )
+    replay.add_argument(
+        "--servegen-dir",
+        type=Path,
+        default=None,
+        help="ServeGen data/reason/deepseek-r1 folder (default: the bundled summary)",
+    )
+    replay.add_argument(
+        "--classes", default=None, help="SLO class rule: trace | fixed:NAME | mix:a=0.2,b=0.8 | by-source:code=A,conv=B"
+    )
+    replay.add_argument(
+        "--rate-scale",
+        type=_floats,
+        default=None,
+        help="arrival-rate multipliers, comma-separated; several give a load sweep "
+        "(default 1; the demo's 0.08 for the bundled excerpt)",
+    )
     replay.add_argument("--start-s", type=float, default=0.0, help="start of the trace window in seconds")
-    replay.add_argument("--duration-s", type=float, default=None,
-                        help="length of the trace window in seconds (default: all; the demo's window for the "
-                        "bundled excerpt)")
+    replay.add_argument(
+        "--duration-s",
+        type=float,
+        default=None,
+        help="length of the trace window in seconds (default: all; the demo's window for the bundled excerpt)",
+    )
     replay.add_argument("--limit", type=int, default=None, help="replay at most this many requests")
-    replay.add_argument("--profile", default=DEFAULT_PROFILE,
-                        help=f"hardware/model profile: a bundled name or a JSON file (default {DEFAULT_PROFILE})")
-    replay.add_argument("--policies", default=",".join(POLICIES),
-                        help=f"comma-separated policies (default all: {', '.join(POLICIES)}); a valve policy "
-                        "takes an explicit cap as vllm-fcfs+cap=N (default: sized as vLLM's docs advise), and "
-                        f"{TUNED_VALVE} is FCFS behind the valve at the best cap of a grid, searched per load "
-                        "(about ten replays each)")
-    replay.add_argument("--config", default=None,
-                        help="Meridian config (the `meridian` block) as JSON or @file: classes, targets, knobs")
+    replay.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"hardware/model profile: a bundled name or a JSON file (default {DEFAULT_PROFILE})",
+    )
+    replay.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated policies (default all: {', '.join(POLICIES)}); a valve policy "
+        "takes an explicit cap as vllm-fcfs+cap=N (default: sized as vLLM's docs advise), and "
+        f"{TUNED_VALVE} is FCFS behind the valve at the best cap of a grid, searched per load "
+        "(about ten replays each)",
+    )
+    replay.add_argument(
+        "--config",
+        default=None,
+        help="Meridian config (the `meridian` block) as JSON or @file: classes, targets, knobs",
+    )
     replay.add_argument("--seed", type=int, default=0, help="seed of every sampled quantity (default 0)")
-    replay.add_argument("--host-tier-gib", type=_non_negative, default=0.0,
-                        help="host memory of a KV tier (vLLM's OffloadingConnector, loads at the profile's host link) "
-                             "every policy runs with, in GiB (default 0: none)")
-    replay.add_argument("--fleet", type=_positive_int, default=1,
-                        help="engines behind a router, each with the policy's own scheduler (default 1: no router)")
-    replay.add_argument("--router", choices=FLEET_ROUTERS, default="round_robin",
-                        help="the fleet's router model (vllm-router's round_robin and power_of_two on /get_load, "
-                             "least requests, or per-class saturation); default round_robin")
-    replay.add_argument("--retry-attempts", type=_positive_int, default=3,
-                        help="the router's attempts in all per request on sheds (1: no retry; default 3)")
+    replay.add_argument(
+        "--host-tier-gib",
+        type=_non_negative,
+        default=0.0,
+        help="host memory of a KV tier (vLLM's OffloadingConnector, loads at the profile's host link) "
+        "every policy runs with, in GiB (default 0: none)",
+    )
+    replay.add_argument(
+        "--fleet",
+        type=_positive_int,
+        default=1,
+        help="engines behind a router, each with the policy's own scheduler (default 1: no router)",
+    )
+    replay.add_argument(
+        "--router",
+        choices=FLEET_ROUTERS,
+        default="round_robin",
+        help="the fleet's router model (vllm-router's round_robin and power_of_two on /get_load, "
+        "least requests, or per-class saturation); default round_robin",
+    )
+    replay.add_argument(
+        "--retry-attempts",
+        type=_positive_int,
+        default=3,
+        help="the router's attempts in all per request on sheds (1: no retry; default 3)",
+    )
     replay.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     replay.add_argument("--json", type=Path, default=None, help="write the metrics to this JSON file")
     replay.add_argument("--report-dir", type=Path, default=None, help="write PNG plots and replay.json here")
     replay.add_argument("--no-progress", action="store_true", help="no progress bar")
     replay.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where vLLM's caches live")
-    replay.add_argument("--corpus", action="store_true",
-                        help="instead of one trace: the scenario corpus built from the shared public traces (many "
-                        "windows, ServeGen-shaped arrivals, class mixes and target sets, each at the loads where "
-                        "FCFS meets ~90/70/50 %% of requests), every --policies column, geometric mean and worst "
-                        "scenario per load; --report-dir gets report.md, corpus.json and a plot per load")
-    replay.add_argument("--corpus-per-family", type=int, default=6, help="corpus scenarios per trace family (default 6)")
-    replay.add_argument("--capacity", action="store_true",
-                        help="with --corpus: also search each policy's capacity (80 %% of requests meeting every target)")
+    replay.add_argument(
+        "--corpus",
+        action="store_true",
+        help="instead of one trace: the scenario corpus built from the shared public traces (many "
+        "windows, ServeGen-shaped arrivals, class mixes and target sets, each at the loads where "
+        "FCFS meets ~90/70/50 %% of requests), every --policies column, geometric mean and worst "
+        "scenario per load; --report-dir gets report.md, corpus.json and a plot per load",
+    )
+    replay.add_argument(
+        "--corpus-per-family", type=int, default=6, help="corpus scenarios per trace family (default 6)"
+    )
+    replay.add_argument(
+        "--capacity",
+        action="store_true",
+        help="with --corpus: also search each policy's capacity (80 %% of requests meeting every target)",
+    )
     replay.set_defaults(handler=_replay)
 
 
 def _add_fit_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fit = sub.add_parser("fit-profile", help="fit a replay profile to the step log of a real vLLM run")
     fit.add_argument("step_log", type=Path, help="the JSONL file Meridian wrote with `step_log_path` set")
-    fit.add_argument("--base", default="h200-qwen3-8b",
-                     help="profile (name or JSON) whose KV capacity and batch limits the fit keeps")
+    fit.add_argument(
+        "--base",
+        default="h200-qwen3-8b",
+        help="profile (name or JSON) whose KV capacity and batch limits the fit keeps",
+    )
     fit.add_argument("--name", default="fitted", help="name of the new profile")
     fit.add_argument("--out", type=Path, required=True, help="where to write the profile JSON")
     fit.set_defaults(handler=_fit_profile)
@@ -185,8 +262,15 @@ def _add_fit_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def _demo(args: argparse.Namespace) -> int:
     from meridian.demo import run_demo
 
-    run_demo(args.parts, seeds=args.seeds, cache_dir=args.cache_dir, model=args.model,
-             live_requests=args.live_requests, live_rate_rps=args.live_rate, json_path=args.json)
+    run_demo(
+        args.parts,
+        seeds=args.seeds,
+        cache_dir=args.cache_dir,
+        model=args.model,
+        live_requests=args.live_requests,
+        live_rate_rps=args.live_rate,
+        json_path=args.json,
+    )
     return 0
 
 
@@ -195,19 +279,41 @@ def _replay(args: argparse.Namespace) -> int:
         from meridian.replay.corpus import corpus_command
 
         return corpus_command(
-            per_family=args.corpus_per_family, seed=args.seed, policies=args.policies, config=args.config,
-            capacity=args.capacity, jobs=args.jobs, cache_dir=args.cache_dir, report_dir=args.report_dir,
+            per_family=args.corpus_per_family,
+            seed=args.seed,
+            policies=args.policies,
+            config=args.config,
+            capacity=args.capacity,
+            jobs=args.jobs,
+            cache_dir=args.cache_dir,
+            report_dir=args.report_dir,
             progress=not args.no_progress,
         )
     from meridian.replay.runner import replay_command
 
     return replay_command(
-        traces_given=args.trace, trace_format=args.format, reasoning_source=args.reasoning,
-        servegen_dir=args.servegen_dir, classes=args.classes, rate_scales=args.rate_scale, start_s=args.start_s,
-        duration_s=args.duration_s, limit=args.limit, profile=args.profile, policies=args.policies,
-        config=args.config, seed=args.seed, jobs=args.jobs, progress=not args.no_progress,
-        cache_dir=args.cache_dir, json_path=args.json, report_dir=args.report_dir, host_tier_gib=args.host_tier_gib,
-        fleet=args.fleet, router=args.router, retry_attempts=args.retry_attempts,
+        traces_given=args.trace,
+        trace_format=args.format,
+        reasoning_source=args.reasoning,
+        servegen_dir=args.servegen_dir,
+        classes=args.classes,
+        rate_scales=args.rate_scale,
+        start_s=args.start_s,
+        duration_s=args.duration_s,
+        limit=args.limit,
+        profile=args.profile,
+        policies=args.policies,
+        config=args.config,
+        seed=args.seed,
+        jobs=args.jobs,
+        progress=not args.no_progress,
+        cache_dir=args.cache_dir,
+        json_path=args.json,
+        report_dir=args.report_dir,
+        host_tier_gib=args.host_tier_gib,
+        fleet=args.fleet,
+        router=args.router,
+        retry_attempts=args.retry_attempts,
     )
 
 

@@ -24,7 +24,7 @@ def _version_with_cpu_build(name: str) -> str:
     return _version(name)
 
 
-metadata.version = _version_with_cpu_build
+metadata.version = _version_with_cpu_build  # type: ignore[assignment]
 
 
 def main() -> None:

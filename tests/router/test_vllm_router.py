@@ -71,12 +71,12 @@ class Fleet:
     def set_mode(self, name: str, mode: str) -> None:
         import httpx
 
-        httpx.post(f"{self.servers[name]}/mode", json={"mode": mode}, timeout=5.0).raise_for_status()
+        httpx.post(f"{self.servers[name]}/mode", json={"mode": mode}, timeout=60.0).raise_for_status()
 
     def counts(self, name: str) -> dict[str, Any]:
         import httpx
 
-        return dict(httpx.get(f"{self.servers[name]}/counts", timeout=5.0).json())
+        return dict(httpx.get(f"{self.servers[name]}/counts", timeout=60.0).json())
 
     def chat(self, headers: dict[str, str] | None = None) -> Any:
         import httpx
@@ -152,7 +152,7 @@ def test_power_of_two_follows_the_load_meridian_reports(fleet: Fleet) -> None:
 
     fleet.publish("A", 10_000.4)
     fleet.publish("B", 10.0)
-    assert httpx.get(f"{fleet.servers['A']}/get_load", timeout=5.0).json() == {"load": 10_000}
+    assert httpx.get(f"{fleet.servers['A']}/get_load", timeout=60.0).json() == {"load": 10_000}
     fleet.route("power_of_two", "--worker-startup-check-interval", "1")
     # The router polls /get_load once a second (on a busy machine later): wait for a poll of
     # each server after the snapshots were written.

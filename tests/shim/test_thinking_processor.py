@@ -62,8 +62,21 @@ class Driver:
         return out
 
     def remove(self, row: int) -> None:
+        if self.pending[2]:
+            # vLLM's BatchUpdate applies its removals before its moves: a removal after a move
+            # belongs to the next update.
+            self.flush()
         self.outputs.pop(row, None)
         self.pending[0].append(row)
+
+    def flush(self) -> None:
+        """Hands the pending batch changes over as one update, as a step would, without a step."""
+        from vllm.v1.sample.logits_processor import BatchUpdate
+
+        removed, added, moved = self.pending
+        if removed or added or moved:
+            self.pending = ([], [], [])
+            self.proc.update_state(BatchUpdate(max(self.outputs, default=-1) + 1, removed, added, moved))
 
     def swap(self, a: int, b: int) -> None:
         from vllm.v1.sample.logits_processor import MoveDirectionality
@@ -268,6 +281,9 @@ def test_random_batch_histories_keep_the_invariants(tiny_model: Path) -> None:
     # Two controlled rows swapped mid-thinking: random histories reach it rarely, and a processor
     # that dropped the second of a swapped pair passes them all.
     @example([("add", 0, 5), ("add", 1, 5), ("step", False, None), ("swap", 0, 1)] + [("step", False, None)] * 8)
+    # A removal after a swap in the same step: vLLM's update removes before it moves.
+    @example([("add", 0, 1), ("step", False, None), ("add", 2, None), ("swap", 0, 2), ("remove", 0, None),
+              ("step", False, None)])
     @given(_ops())
     def run(ops: list[tuple[Any, Any, Any]]) -> None:
         d = template.fresh()

@@ -140,11 +140,6 @@ impl KvTiers {
         self.tiers.len()
     }
 
-    /// The registered tiers' names, in id order.
-    pub fn tier_names(&self) -> impl Iterator<Item = &str> {
-        self.tiers.iter().map(|t| t.name.as_str())
-    }
-
     /// A tier's current fitted load cost (ms per token).
     pub fn load_ms_per_token(&self, tier: TierId) -> Result<f64> {
         Ok(self.tier(tier)?.load_ms_per_token())

@@ -1,4 +1,4 @@
-//! The SLO ledger: per-request timestamps for every metric of DESIGN §4, per-class attainment
+//! The SLO ledger: per-request timestamps for every metric of docs/request-life.md §4, per-class attainment
 //! counters, and [`FinishReason`], the one map from vLLM's finish reasons (as vLLM names them on
 //! the wire) to the core's. Timestamps are monotone per request (a token observed earlier than
 //! the previous one is clamped to it), so every derived latency is non-negative; counters only
@@ -164,7 +164,7 @@ impl RequestLedger {
         self.last_token_ms = Some(now_ms);
     }
 
-    /// The DESIGN §4 latencies of this request, as far as they are known.
+    /// The docs/request-life.md §4 latencies of this request, as far as they are known.
     pub fn metrics(&self) -> RequestMetrics {
         let since_arrival = |t: Option<f64>| t.map(|t| t - self.arrival_ms);
         let per_gap = |first: Option<f64>, last: Option<f64>, n: u32| match (first, last) {

@@ -22,7 +22,7 @@ impl ClassId {
     }
 }
 
-/// Latency targets of one class (DESIGN §4 metric definitions).
+/// Latency targets of one class (docs/request-life.md §4 metric definitions).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SloTargets {
     /// Arrival → first generated token.

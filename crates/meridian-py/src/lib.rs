@@ -14,7 +14,7 @@ mod thinking;
 
 use errors::to_py;
 
-/// CUDA kernel sources embedded at build time (DESIGN §1): the wheel carries them inside the
+/// CUDA kernel sources embedded at build time (docs/request-life.md §1): the wheel carries them inside the
 /// extension, so the loader never depends on package-data paths.
 const KERNEL_SOURCES: &[(&str, &str)] = &[("logits_stats.cu", include_str!("../../../cuda/logits_stats.cu"))];
 
@@ -661,6 +661,11 @@ impl PyMeridian {
     fn set_block_hashes(&mut self, handle: u64, block_hashes: &[u8], hash_size: usize) -> PyResult<()> {
         let hashes = hashes_from_bytes(block_hashes, hash_size)?;
         self.inner.set_block_hashes(core::ReqHandle(handle), hashes).map_err(to_py)
+    }
+
+    /// Whether a KV tier keeps the blocks a live request stored until it finishes (per policy).
+    fn retains_live_tier_blocks(&self) -> bool {
+        self.inner.retains_live_tier_blocks()
     }
 
     /// Whether prefix-aware admission wants the device cache's and the tiers' block events.

@@ -20,8 +20,14 @@ PARTS = ("scripted", "replay", "live", "thinking")
 
 
 def run_demo(
-    parts: Sequence[str], *, seeds: list[int], cache_dir: Path, model: Path | None, live_requests: int | None,
-    live_rate_rps: float | None = None, json_path: Path | None,
+    parts: Sequence[str],
+    *,
+    seeds: list[int],
+    cache_dir: Path,
+    model: Path | None,
+    live_requests: int | None,
+    live_rate_rps: float | None = None,
+    json_path: Path | None,
 ) -> dict[str, object]:
     """Runs the named parts in order; writes their numbers to ``json_path`` when given."""
     # vLLM's start-up notes (Triton, CPU block size) would interleave with the progress lines.

@@ -48,8 +48,12 @@ from meridian.vllm.names import METRIC_NAMES
 #: The router's policies a fleet arm may name (``vllm-router --policy``).
 ROUTER_POLICIES = ("round_robin", "power_of_two", "cache_aware", "random")
 #: The router's counters a round reads, before and after its load.
-ROUTER_COUNTERS = ("vllm_router_requests_total", "vllm_router_retries_total", "vllm_router_retries_exhausted_total",
-                   "vllm_router_cb_state_transitions_total")
+ROUTER_COUNTERS = (
+    "vllm_router_requests_total",
+    "vllm_router_retries_total",
+    "vllm_router_retries_exhausted_total",
+    "vllm_router_cb_state_transitions_total",
+)
 #: What each replica counts of its refusals: Meridian's engine sheds and refusals at arrival, and
 #: vLLM's own valve's rejections (``--max-num-queued-reqs``).
 REPLICA_COUNTERS = (METRIC_NAMES["shed_requests"], METRIC_NAMES["arrival_refusals"], "vllm:admission_rejections_total")
@@ -87,13 +91,30 @@ class VllmRouter:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def command(self) -> list[str]:
-        return [str(router_binary()), "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *self.worker_urls,
-                "--policy", self.policy, "--prometheus-host", "127.0.0.1", "--prometheus-port", str(self.metrics_port),
-                "--log-level", "warning", *self.flags]
+        return [
+            str(router_binary()),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--worker-urls",
+            *self.worker_urls,
+            "--policy",
+            self.policy,
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(self.metrics_port),
+            "--log-level",
+            "warning",
+            *self.flags,
+        ]
 
     def __enter__(self) -> VllmRouter:
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         try:
             wait_healthy(self.base_url, self.process, self.start_timeout_s, "vllm-router", self.log_path)
         except TimeoutError:
@@ -101,7 +122,9 @@ class VllmRouter:
             raise
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
             process.terminate()
@@ -145,8 +168,10 @@ class FleetArm:
 
     def __post_init__(self) -> None:
         if self.router_policy not in ROUTER_POLICIES:
-            raise ValueError(f"fleet arm {self.name!r}: unknown router policy {self.router_policy!r}; "
-                             f"expected one of {', '.join(ROUTER_POLICIES)}")
+            raise ValueError(
+                f"fleet arm {self.name!r}: unknown router policy {self.router_policy!r}; "
+                f"expected one of {', '.join(ROUTER_POLICIES)}"
+            )
 
 
 def replica_cpus(num_replicas: int) -> list[int | None]:
@@ -156,9 +181,17 @@ def replica_cpus(num_replicas: int) -> list[int | None]:
     return list(cpus[:num_replicas]) if len(cpus) >= num_replicas >= 2 else [None] * num_replicas
 
 
-def run_fleet_round(name: str, arm: FleetArm, dataset: Path, out: Path, settings: RoundSettings, *,
-                    num_replicas: int = 2, retries: int | None = None,
-                    on_phase: Callable[[str], None] = lambda phase: None) -> tuple[dict[str, Any], list[RecordTimes]]:
+def run_fleet_round(
+    name: str,
+    arm: FleetArm,
+    dataset: Path,
+    out: Path,
+    settings: RoundSettings,
+    *,
+    num_replicas: int = 2,
+    retries: int | None = None,
+    on_phase: Callable[[str], None] = lambda phase: None,
+) -> tuple[dict[str, Any], list[RecordTimes]]:
     """Fresh replicas and router for ``arm``, warm-up requests through the router, aiperf's timed
     replay of ``dataset`` at the router; the round's row (aiperf's summary and goodput per class
     as ``run_round`` reports them, plus the router's and the replicas' counters) and records.
@@ -172,18 +205,25 @@ def run_fleet_round(name: str, arm: FleetArm, dataset: Path, out: Path, settings
         for i in range(num_replicas):
             request_log = out / f"requests-{name}-r{i}.jsonl"
             request_log.unlink(missing_ok=True)
-            args = server_args(arm.server, settings.model, settings.repo, request_log=request_log,
-                               meridian_config=settings.meridian_config) + list(settings.extra_server_args)
-            replica = stack.enter_context(VllmServer(model_path, args, log_path=out / f"serve-{name}-r{i}.log",
-                                                     cache_dir=settings.cache_dir))
+            args = server_args(
+                arm.server,
+                settings.model,
+                settings.repo,
+                request_log=request_log,
+                meridian_config=settings.meridian_config,
+            ) + list(settings.extra_server_args)
+            replica = stack.enter_context(
+                VllmServer(model_path, args, log_path=out / f"serve-{name}-r{i}.log", cache_dir=settings.cache_dir)
+            )
             if cpus[i] is not None:
                 pin(replica, engine_cpu=cpus[i], front_anywhere=True)
             replicas.append(replica)
         flags = arm.router_flags
         if "--retry-max-retries" not in flags and "--disable-retries" not in flags:
             flags += ("--retry-max-retries", str(retries or num_replicas + 1))
-        router = stack.enter_context(VllmRouter([r.base_url for r in replicas], arm.router_policy,
-                                                out / f"router-{name}.log", flags))
+        router = stack.enter_context(
+            VllmRouter([r.base_url for r in replicas], arm.router_policy, out / f"router-{name}.log", flags)
+        )
         on_phase("cooling down")
         time.sleep(settings.cooldown_s)
         on_phase("warming up")
@@ -193,12 +233,21 @@ def run_fleet_round(name: str, arm: FleetArm, dataset: Path, out: Path, settings
         replicas_before = [metric_sums(r.base_url, REPLICA_COUNTERS) for r in replicas]
         artifacts = out / f"aiperf-{name}"
         shutil.rmtree(artifacts, ignore_errors=True)
-        cmd = aiperf_command(settings.aiperf, model_path, router.base_url, dataset, artifacts, workers=settings.workers,
-                             goodput=settings.model.classes[0], raw=settings.raw)
+        cmd = aiperf_command(
+            settings.aiperf,
+            model_path,
+            router.base_url,
+            dataset,
+            artifacts,
+            workers=settings.workers,
+            goodput=settings.model.classes[0],
+            raw=settings.raw,
+        )
         on_phase("load")
         started = time.monotonic()
-        returncode = run_logged(cmd, out / f"aiperf-{name}.log", settings.timeout_s, lambda: None,
-                                env=aiperf_environment())
+        returncode = run_logged(
+            cmd, out / f"aiperf-{name}.log", settings.timeout_s, lambda: None, env=aiperf_environment()
+        )
         if returncode != 0:
             raise RuntimeError(f"aiperf exited with {returncode}; log: {out / f'aiperf-{name}.log'}")
         wall_s = time.monotonic() - started
@@ -206,30 +255,54 @@ def run_fleet_round(name: str, arm: FleetArm, dataset: Path, out: Path, settings
         router_after = router.sums(ROUTER_COUNTERS)
         open_circuits = router.open_circuits()
         row, records = read_export(artifacts, settings.model.classes, valve=arm.server.max_num_queued_reqs is not None)
-    row.update({
-        "policy": arm.name, "wall_s": wall_s, "engine_cpus": cpus,
-        "router": {k.removeprefix("vllm_router_").removesuffix("_total"): router_after[k] - router_before[k]
-                   for k in ROUTER_COUNTERS},
-        "open_circuits_at_end": open_circuits,
-        "replicas": [{k: after[k] - before[k] for k in REPLICA_COUNTERS}
-                     for before, after in zip(replicas_before, replicas_after)],
-    })
+    row.update(
+        {
+            "policy": arm.name,
+            "wall_s": wall_s,
+            "engine_cpus": cpus,
+            "router": {
+                k.removeprefix("vllm_router_").removesuffix("_total"): router_after[k] - router_before[k]
+                for k in ROUTER_COUNTERS
+            },
+            "open_circuits_at_end": open_circuits,
+            "replicas": [
+                {k: after[k] - before[k] for k in REPLICA_COUNTERS}
+                for before, after in zip(replicas_before, replicas_after)
+            ],
+        }
+    )
     return row, records
 
 
-def measure_fleet_capacity_rps(out: Path, settings: RoundSettings, *, lengths: str, num_requests: int,
-                               num_replicas: int = 2,
-                               on_phase: Callable[[str], None] = lambda phase: None) -> float:
+def measure_fleet_capacity_rps(
+    out: Path,
+    settings: RoundSettings,
+    *,
+    lengths: str,
+    num_requests: int,
+    num_replicas: int = 2,
+    on_phase: Callable[[str], None] = lambda phase: None,
+) -> float:
     """Requests per second a stock fleet behind the router (round robin) completes with a
     standing queue: ``num_requests`` of the workload's mix at once (another seed than the timed
     load's), the completed ones over aiperf's benchmark duration — the rate past which the fleet
     is overloaded, measured on this machine now."""
     dataset = out / "capacity-burst.jsonl"
-    dataset.write_text(Workload(num_requests, 1_000.0, settings.model.classes, seed=1, lengths=lengths,
-                                max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl())
+    dataset.write_text(
+        Workload(
+            num_requests,
+            1_000.0,
+            settings.model.classes,
+            seed=1,
+            lengths=lengths,
+            max_think=settings.model.max_think,
+            max_tokens=settings.model.max_tokens,
+        ).jsonl()
+    )
     arm = FleetArm("capacity-stock", Arm("stock", "stock"))
-    row, records = run_fleet_round("capacity-stock", arm, dataset, out, settings, num_replicas=num_replicas,
-                                   on_phase=on_phase)
+    row, records = run_fleet_round(
+        "capacity-stock", arm, dataset, out, settings, num_replicas=num_replicas, on_phase=on_phase
+    )
     completed = sum(1 for r in records if r.ok and r.ttfo_ms is not None)
     if not completed or not row["duration_s"]:
         raise RuntimeError(f"the capacity burst completed no request ({row['error_kinds']}); logs under {out}")

@@ -57,11 +57,13 @@ ONE_ROUND_CAVEAT = (
     "round's pooled percentiles can mislead; the per-class rows, the sheds and the preemptions are steadier. "
     "Meridian's TTFO p99 is the batch class, served last inside its target. Throughput and goodput are "
     "aiperf's: divided by the time to the last answer. Medians over alternating rounds: `make bench-live` "
-    "(docs/benchmarks/live-ab.md).")
+    "(docs/benchmarks/live-ab.md)."
+)
 
 
-def run_part(model: Path | None, cache_dir: Path, num_requests: int | None = None,
-             rate_rps: float | None = None) -> dict[str, Any]:
+def run_part(
+    model: Path | None, cache_dir: Path, num_requests: int | None = None, rate_rps: float | None = None
+) -> dict[str, Any]:
     """The demo part: one aiperf round against a stock server, one against Meridian, as one table.
     Without ``rate_rps`` the rate is ``OVERLOAD_FACTOR`` times the stock server's capacity measured
     first; without ``num_requests``, ``DEMO_SCHEDULE_S`` of arrivals at that rate."""
@@ -69,21 +71,34 @@ def run_part(model: Path | None, cache_dir: Path, num_requests: int | None = Non
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     repo = Path.cwd()
-    live_model = LIVE_MODELS["tiny"] if model is None else dataclasses.replace(LIVE_MODELS["tiny"], folder=str(model.resolve()))
+    live_model = (
+        LIVE_MODELS["tiny"] if model is None else dataclasses.replace(LIVE_MODELS["tiny"], folder=str(model.resolve()))
+    )
     if not (live_model.path(repo) / "model.safetensors").exists():
-        raise FileNotFoundError(f"no model weights in {live_model.path(repo)} (run from the repository root, or pass --model)")
-    settings = RoundSettings(model=live_model, repo=repo, cache_dir=cache_dir, aiperf=find_aiperf(repo),
-                             pin=len(os.sched_getaffinity(0)) >= 2)
+        raise FileNotFoundError(
+            f"no model weights in {live_model.path(repo)} (run from the repository root, or pass --model)"
+        )
+    settings = RoundSettings(
+        model=live_model,
+        repo=repo,
+        cache_dir=cache_dir,
+        aiperf=find_aiperf(repo),
+        pin=len(os.sched_getaffinity(0)) >= 2,
+    )
     out = cache_dir / "live"
     out.mkdir(parents=True, exist_ok=True)
     console = Console()
     capacity_rps = None
     if rate_rps is None:
-        with console.status("Calibrating: a burst of requests against a stock server measures what this machine serves"):
+        with console.status(
+            "Calibrating: a burst of requests against a stock server measures what this machine serves"
+        ):
             capacity_rps = measure_capacity_rps(STOCK.name, out, settings)
         rate_rps = round(OVERLOAD_FACTOR * capacity_rps, 1)
-        console.print(f"Stock vLLM completed {capacity_rps:.1f} requests/s under a burst on this machine; the live "
-                      f"part sends {rate_rps:g}/s, {OVERLOAD_FACTOR:g}x that (past the knee; --live-rate sets it).")
+        console.print(
+            f"Stock vLLM completed {capacity_rps:.1f} requests/s under a burst on this machine; the live "
+            f"part sends {rate_rps:g}/s, {OVERLOAD_FACTOR:g}x that (past the knee; --live-rate sets it)."
+        )
     num_requests = num_requests or max(1, round(DEMO_SCHEDULE_S * rate_rps))
     workload = Workload(num_requests, rate_rps, live_model.classes)
     dataset = out / "workload.jsonl"
@@ -92,23 +107,44 @@ def run_part(model: Path | None, cache_dir: Path, num_requests: int | None = Non
     console.print(
         f"\nLive: vLLM's OpenAI server (CPU build) serving the tiny reasoning model; aiperf replays {num_requests} "
         f"streaming requests (Poisson, {rate_rps:g}/s; interactive / standard / batch) open-loop, one round per "
-        f"scheduler, engine core pinned to its own CPU: {settings.pin}. Full benchmark: `make bench-live`.")
+        f"scheduler, engine core pinned to its own CPU: {settings.pin}. Full benchmark: `make bench-live`."
+    )
     rows: dict[str, dict[str, Any]] = {}
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=console, transient=False) as progress:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as progress:
         for policy in (STOCK.name, MERIDIAN.name):
             task = progress.add_task(f"{policy}: starting", total=schedule_s + 10.0)
+
+            def on_phase(phase: str, t: Any = task, p: str = policy) -> None:
+                progress.update(t, description=f"{p}: {phase}")
+
+            def on_tick(elapsed_s: float, t: Any = task) -> None:
+                progress.update(t, completed=elapsed_s)
+
             row, _ = run_round(
-                policy, policy, dataset, out, settings,
-                on_phase=lambda phase, t=task, p=policy: progress.update(t, description=f"{p}: {phase}"),
-                on_tick=lambda elapsed_s, t=task: progress.update(t, completed=elapsed_s))
+                policy,
+                policy,
+                dataset,
+                out,
+                settings,
+                on_phase=on_phase,
+                on_tick=on_tick,
+            )
             progress.update(task, description=f"{policy}: done", completed=schedule_s + 10.0)
             rows[policy] = table_row(row)
     # The labels' units are in brackets, which rich would take for markup.
     console.print(render(rows), markup=False, highlight=False)
     console.print(ONE_ROUND_CAVEAT, markup=False, highlight=False)
-    return {"workload": {"num_requests": num_requests, "rate_rps": rate_rps, "capacity_rps": capacity_rps},
-            "results": rows}
+    return {
+        "workload": {"num_requests": num_requests, "rate_rps": rate_rps, "capacity_rps": capacity_rps},
+        "results": rows,
+    }
 
 
 def table_row(row: dict[str, Any]) -> dict[str, Any]:
@@ -136,5 +172,7 @@ def render(rows: dict[str, dict[str, Any]]) -> str:
     width = max(len(label) for _, label, _ in ROWS) + 2
     lines = [f"{'metric':<{width}}{'stock vLLM':>14}{'Meridian':>14}", "-" * (width + 28)]
     stock, ours = rows[STOCK.name], rows[MERIDIAN.name]
-    lines += [f"{label:<{width}}{fmt(stock.get(key), spec):>14}{fmt(ours.get(key), spec):>14}" for key, label, spec in ROWS]
+    lines += [
+        f"{label:<{width}}{fmt(stock.get(key), spec):>14}{fmt(ours.get(key), spec):>14}" for key, label, spec in ROWS
+    ]
     return "\n".join(lines)

@@ -49,10 +49,14 @@ if TYPE_CHECKING:
 
 #: aiperf's export names of the summary metrics a round reports, with the statistic taken.
 SUMMARY_METRICS = {
-    "ttft_p50_ms": ("time_to_first_token", "p50"), "ttft_p99_ms": ("time_to_first_token", "p99"),
-    "ttfo_p50_ms": ("time_to_first_output_token", "p50"), "ttfo_p99_ms": ("time_to_first_output_token", "p99"),
-    "itl_p99_ms": ("inter_token_latency", "p99"), "output_tok_s": ("output_token_throughput", "avg"),
-    "requests": ("request_count", "avg"), "duration_s": ("benchmark_duration", "avg"),
+    "ttft_p50_ms": ("time_to_first_token", "p50"),
+    "ttft_p99_ms": ("time_to_first_token", "p99"),
+    "ttfo_p50_ms": ("time_to_first_output_token", "p50"),
+    "ttfo_p99_ms": ("time_to_first_output_token", "p99"),
+    "itl_p99_ms": ("inter_token_latency", "p99"),
+    "output_tok_s": ("output_token_throughput", "avg"),
+    "requests": ("request_count", "avg"),
+    "duration_s": ("benchmark_duration", "avg"),
     "sched_lag_p99_ms": ("replay_sched_lag_p99", "avg"),
 }
 #: vLLM's ``--max-num-seqs`` and block size for every live model.
@@ -107,11 +111,13 @@ class LiveModel:
         """``kv_cache_tokens`` of float32 K and V in every layer (vLLM's ``--kv-cache-memory-bytes``)."""
         config = json.loads((self.path(repo) / "config.json").read_text())
         per_token = 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 4
-        return self.kv_cache_tokens * per_token
+        return int(self.kv_cache_tokens * per_token)
 
     def meridian_classes(self) -> dict[str, dict[str, float]]:
-        return {c.name: {"ttft_ms": c.ttft_ms, "ttfat_ms": c.ttfat_ms, "answer_tpot_ms": c.answer_tpot_ms, "rank": c.rank}
-                for c in self.classes}
+        return {
+            c.name: {"ttft_ms": c.ttft_ms, "ttfat_ms": c.ttfat_ms, "answer_tpot_ms": c.answer_tpot_ms, "rank": c.rank}
+            for c in self.classes
+        }
 
 
 def _classes(scale: float) -> tuple[ClassTargets, ...]:
@@ -133,15 +139,36 @@ def _classes(scale: float) -> tuple[ClassTargets, ...]:
 #: requests at full length) for ``compute``; ``tiny`` is so fast that at 512 tokens even 20
 #: requests/s left its TTFO p99 under 2x unloaded, so it gets 320 (9 usable blocks).
 LIVE_MODELS = {
-    "tiny": LiveModel("tiny", "tests/fixtures/tiny-reasoner", kv_cache_tokens=320, classes=_classes(1.0),
-                      rate_rps=14.0, num_requests=420),
-    "compute": LiveModel("compute", "tests/fixtures/compute-reasoner", kv_cache_tokens=512, classes=_classes(1.0),
-                         rate_rps=12.0, num_requests=360),
+    "tiny": LiveModel(
+        "tiny",
+        "tests/fixtures/tiny-reasoner",
+        kv_cache_tokens=320,
+        classes=_classes(1.0),
+        rate_rps=14.0,
+        num_requests=420,
+    ),
+    "compute": LiveModel(
+        "compute",
+        "tests/fixtures/compute-reasoner",
+        kv_cache_tokens=512,
+        classes=_classes(1.0),
+        rate_rps=12.0,
+        num_requests=360,
+    ),
     # ``long``: the tiny model's shape, wider, counting down from up to 990 (its task's 999 less
     # the top few it was rarely trained on): heavy-tailed reasoning of up to ~1,000 tokens. Its
     # cache holds two of the longest requests, or sixteen of the median one several times over.
-    "long": LiveModel("long", "tests/fixtures/long-reasoner", kv_cache_tokens=2_048, classes=_classes(1.0),
-                      rate_rps=20.0, num_requests=480, max_think=990, max_model_len=1_088, stream_interval=4),
+    "long": LiveModel(
+        "long",
+        "tests/fixtures/long-reasoner",
+        kv_cache_tokens=2_048,
+        classes=_classes(1.0),
+        rate_rps=20.0,
+        num_requests=480,
+        max_think=990,
+        max_model_len=1_088,
+        stream_interval=4,
+    ),
 }
 
 
@@ -159,6 +186,8 @@ LIVE_MODELS = {
 LENGTH_FAMILIES = ("uniform", "servegen", "benchmark")
 #: Draws behind each heavy family's scale factor (its thinking p99), from a fixed seed.
 _SCALE_SAMPLES = 20_000
+
+
 def _lognormal(rng: np.random.Generator, n: int, p50: float, p90: float) -> npt.NDArray[np.float64]:
     """``n`` log-normal draws with the given median and 90th percentile."""
     import numpy as np
@@ -167,7 +196,9 @@ def _lognormal(rng: np.random.Generator, n: int, p50: float, p90: float) -> npt.
     return np.asarray(rng.lognormal(math.log(p50), sigma, n), dtype=np.float64)
 
 
-def family_tokens(family: str, rng: np.random.Generator, n: int) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+def family_tokens(
+    family: str, rng: np.random.Generator, n: int
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """(thinking, answer) tokens of ``n`` requests of a heavy family, at the source's scale."""
     import numpy as np
 
@@ -178,8 +209,10 @@ def family_tokens(family: str, rng: np.random.Generator, n: int) -> tuple[npt.ND
         return think.astype(np.float64), answer.astype(np.float64)
     if family == "benchmark":
         hard = rng.random(n) < 0.2
-        think = np.where(hard, _lognormal(rng, n, 5_300.0, 11_400.0), _lognormal(rng, n, 430.0, 4_200.0))
-        return think, _lognormal(rng, n, 360.0, 530.0)
+        bimodal = np.asarray(
+            np.where(hard, _lognormal(rng, n, 5_300.0, 11_400.0), _lognormal(rng, n, 430.0, 4_200.0)), dtype=np.float64
+        )
+        return bimodal, _lognormal(rng, n, 360.0, 530.0)
     raise ValueError(f"unknown length family {family!r}: expected one of {', '.join(LENGTH_FAMILIES)}")
 
 
@@ -231,12 +264,18 @@ class Workload:
         if not self.rate_rps > 0:
             raise ValueError(f"a live workload needs a positive arrival rate, got rate_rps={self.rate_rps}")
         if self.lengths not in LENGTH_FAMILIES:
-            raise ValueError(f"unknown length family lengths={self.lengths!r}: expected one of {', '.join(LENGTH_FAMILIES)}")
+            raise ValueError(
+                f"unknown length family lengths={self.lengths!r}: expected one of {', '.join(LENGTH_FAMILIES)}"
+            )
 
     def entries(self) -> list[dict[str, Any]]:
         rng = random.Random(self.seed)
         # The uniform family keeps its original draws (lengths, then class, then gap, per request).
-        lengths = None if self.lengths == "uniform" else task_lengths(self.lengths, self.num_requests, self.seed, self.max_think)
+        lengths = (
+            None
+            if self.lengths == "uniform"
+            else task_lengths(self.lengths, self.num_requests, self.seed, self.max_think)
+        )
         t_ms, out = 0.0, []
         names, shares = [c.name for c in self.classes], [c.share for c in self.classes]
         ranks = {c.name: c.rank for c in self.classes}
@@ -244,8 +283,14 @@ class Workload:
             think, answer = (rng.randint(20, 99), rng.randint(5, 26)) if lengths is None else lengths[k]
             cls = rng.choices(names, shares)[0]
             # ``priority`` for vLLM's priority scheduler (the class's rank); Meridian reads the class.
-            out.append({"text": task_prompt(think, answer), "timestamp": round(t_ms, 1), "output_length": self.max_tokens,
-                        "extra": {"temperature": 0.0, "priority": ranks[cls], "vllm_xargs": {"meridian_class": cls}}})
+            out.append(
+                {
+                    "text": task_prompt(think, answer),
+                    "timestamp": round(t_ms, 1),
+                    "output_length": self.max_tokens,
+                    "extra": {"temperature": 0.0, "priority": ranks[cls], "vllm_xargs": {"meridian_class": cls}},
+                }
+            )
             t_ms += rng.expovariate(self.rate_rps) * 1000.0
         return out
 
@@ -281,8 +326,10 @@ class Arm:
 
     def __post_init__(self) -> None:
         if self.policy not in (MERIDIAN.name, STOCK.name, "stock", "vllm-priority"):
-            raise ValueError(f"unknown live policy {self.policy!r}: expected {MERIDIAN.name!r}, {STOCK.name!r}, "
-                             f"'stock' or 'vllm-priority'")
+            raise ValueError(
+                f"unknown live policy {self.policy!r}: expected {MERIDIAN.name!r}, {STOCK.name!r}, "
+                f"'stock' or 'vllm-priority'"
+            )
         if self.max_num_queued_reqs is not None and self.max_num_queued_reqs < 1:
             raise ValueError(f"arm {self.name!r}: max_num_queued_reqs={self.max_num_queued_reqs} must be at least 1")
 
@@ -291,12 +338,21 @@ def little_law_queue_cap(capacity_rps: float, ttft_target_ms: float, max_num_seq
     """The valve's cap as vLLM's docs size it: every seat (``max_num_seqs``) plus the queue that
     drains within the tightest TTFT target at the measured completion rate (Little's law)."""
     if not capacity_rps > 0 or not ttft_target_ms > 0:
-        raise ValueError(f"sizing a queue cap needs a positive rate and target, got {capacity_rps} req/s, {ttft_target_ms} ms")
+        raise ValueError(
+            f"sizing a queue cap needs a positive rate and target, got {capacity_rps} req/s, {ttft_target_ms} ms"
+        )
     return max_num_seqs + max(1, round(capacity_rps * ttft_target_ms / 1000.0))
 
 
-def server_args(policy: str | Arm, model: LiveModel, repo: Path, *, step_log: Path | None = None,
-                request_log: Path | None = None, meridian_config: dict[str, Any] | None = None) -> list[str]:
+def server_args(
+    policy: str | Arm,
+    model: LiveModel,
+    repo: Path,
+    *,
+    step_log: Path | None = None,
+    request_log: Path | None = None,
+    meridian_config: dict[str, Any] | None = None,
+) -> list[str]:
     """``vllm serve`` arguments after the model; only the scheduler (and an arm's valve) differs
     between arms. ``policy``: an ``Arm``, or a policy name (``meridian``, ``stock`` / ``vllm-fcfs``,
     ``vllm-priority``) for that policy without a valve."""
@@ -305,24 +361,48 @@ def server_args(policy: str | Arm, model: LiveModel, repo: Path, *, step_log: Pa
         spec = POLICIES["vllm-priority"]
     else:
         spec = MERIDIAN if arm.policy == MERIDIAN.name else STOCK
-    args = ["--dtype", "float32", "--enforce-eager", "--max-model-len", str(model.max_model_len), "--block-size", str(BLOCK_SIZE_TOKENS),
-            "--kv-cache-memory-bytes", str(model.kv_cache_bytes(repo)), "--max-num-seqs", str(MAX_NUM_SEQS),
-            "--reasoning-parser", "deepseek_r1", "--scheduling-policy", spec.vllm_policy]
+    args = [
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        str(model.max_model_len),
+        "--block-size",
+        str(BLOCK_SIZE_TOKENS),
+        "--kv-cache-memory-bytes",
+        str(model.kv_cache_bytes(repo)),
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--reasoning-parser",
+        "deepseek_r1",
+        "--scheduling-policy",
+        spec.vllm_policy,
+    ]
     if model.stream_interval != 1:
         args += ["--stream-interval", str(model.stream_interval)]
     if arm.max_num_queued_reqs is not None:
         args += ["--max-num-queued-reqs", str(arm.max_num_queued_reqs)]
     if spec.meridian_policy is not None:
-        config: dict[str, Any] = {"classes": model.meridian_classes(), "default_class": "standard", **(meridian_config or {}),
-                                  **(arm.meridian_config or {})}
+        config: dict[str, Any] = {
+            "classes": model.meridian_classes(),
+            "default_class": "standard",
+            **(meridian_config or {}),
+            **(arm.meridian_config or {}),
+        }
         if step_log is not None:
             config["step_log_path"] = str(step_log)
         if request_log is not None:
             config["request_log_path"] = str(request_log)
         # With the middleware, as the README serves it: a request triage sheds before its first
         # token is answered 429 + Retry-After, which aiperf records as an error naming the notice.
-        args += ["--scheduler-cls", SCHEDULER_CLS, "--middleware", MIDDLEWARE,
-                 "--additional-config", json.dumps(additional_config(spec, config))]
+        args += [
+            "--scheduler-cls",
+            SCHEDULER_CLS,
+            "--middleware",
+            MIDDLEWARE,
+            "--additional-config",
+            json.dumps(additional_config(spec, config)),
+        ]
     return args
 
 
@@ -361,18 +441,54 @@ def pin(server: VllmServer, engine_cpu: int | None = None, *, front_anywhere: bo
     return {**placed, "engine_cpus": sorted(engine_cpus), "front_cpus": sorted(front_cpus)}
 
 
-def aiperf_command(aiperf: Path, model_path: Path, url: str, dataset: Path, artifacts: Path, *,
-                   workers: int = 2, goodput: ClassTargets | None = None, raw: bool = False) -> list[str]:
+def aiperf_command(
+    aiperf: Path,
+    model_path: Path,
+    url: str,
+    dataset: Path,
+    artifacts: Path,
+    *,
+    workers: int = 2,
+    goodput: ClassTargets | None = None,
+    raw: bool = False,
+) -> list[str]:
     """aiperf replaying ``dataset`` on its timestamps, streaming, with its per-request export
     (``raw``: every chunk and the text too — a JSON dump per chunk that loads the generator's
     core, so for untimed rounds only). Its server-metrics scraper and GPU telemetry are off: they
     would load the API server's core during the timed run."""
-    cmd = [str(aiperf), "profile", "--model", str(model_path), "--tokenizer", str(model_path), "--url", url,
-           "--endpoint-type", "chat", "--streaming", "--input-file", str(dataset),
-           "--custom-dataset-type", "single_turn", "--fixed-schedule", "--fixed-schedule-auto-offset",
-           "--random-seed", "0", "--artifact-dir", str(artifacts), "--ui-type", "none",
-           "--workers-max", str(workers), "--record-processor-service-count", "1",
-           "--no-server-metrics", "--no-gpu-telemetry", "--export-level", "raw" if raw else "records"]
+    cmd = [
+        str(aiperf),
+        "profile",
+        "--model",
+        str(model_path),
+        "--tokenizer",
+        str(model_path),
+        "--url",
+        url,
+        "--endpoint-type",
+        "chat",
+        "--streaming",
+        "--input-file",
+        str(dataset),
+        "--custom-dataset-type",
+        "single_turn",
+        "--fixed-schedule",
+        "--fixed-schedule-auto-offset",
+        "--random-seed",
+        "0",
+        "--artifact-dir",
+        str(artifacts),
+        "--ui-type",
+        "none",
+        "--workers-max",
+        str(workers),
+        "--record-processor-service-count",
+        "1",
+        "--no-server-metrics",
+        "--no-gpu-telemetry",
+        "--export-level",
+        "raw" if raw else "records",
+    ]
     if goodput is not None:
         cmd += ["--goodput", f"time_to_first_output_token:{goodput.ttfat_ms:g} time_to_first_token:{goodput.ttft_ms:g}"]
     return cmd
@@ -522,7 +638,7 @@ def read_records(artifacts: Path) -> list[RecordTimes]:
 
 
 def is_good(r: RecordTimes, c: ClassTargets) -> bool:
-    """DESIGN §4: a request is good when it met every target of its class."""
+    """docs/request-life.md §4: a request is good when it met every target of its class."""
     if not r.ok or r.ttft_ms is None or r.ttfo_ms is None:
         return False
     return r.ttft_ms <= c.ttft_ms and r.ttfo_ms <= c.ttfat_ms and (r.answer_itl_ms or 0.0) <= c.answer_tpot_ms
@@ -541,7 +657,9 @@ def record_metrics(records: list[RecordTimes], classes: Iterable[ClassTargets], 
         ttfo = [r.ttfo_ms for r, _ in mine if r.ttfo_ms is not None]
         notices = [r.notice_ms for r, _ in mine if r.notice_ms is not None]
         per_class[name] = {
-            "requests": len(mine), "good": sum(g for _, g in mine), "shed": sum(r.shed for r, _ in mine),
+            "requests": len(mine),
+            "good": sum(g for _, g in mine),
+            "shed": sum(r.shed for r, _ in mine),
             "ttfo_p50_ms": float(np.percentile(ttfo, 50)) if ttfo else None,
             "ttfo_p99_ms": float(np.percentile(ttfo, 99)) if ttfo else None,
             "notice_p99_ms": float(np.percentile(notices, 99)) if notices else None,
@@ -567,14 +685,19 @@ def record_metrics(records: list[RecordTimes], classes: Iterable[ClassTargets], 
 VALVE_IN_STREAM = "No responses with actual content"
 
 
-def read_export(artifacts: Path, classes: Iterable[ClassTargets], *,
-                valve: bool = False) -> tuple[dict[str, Any], list[RecordTimes]]:
+def read_export(
+    artifacts: Path, classes: Iterable[ClassTargets], *, valve: bool = False
+) -> tuple[dict[str, Any], list[RecordTimes]]:
     """One round's row from aiperf's summary and per-request exports, and its records. ``valve``:
     the server ran vLLM's valve, so an empty stream is its refusal (``VALVE_IN_STREAM``), a shed."""
     records = read_records(artifacts)
     if valve:
-        records = [dataclasses.replace(r, shed=True, refused_in_stream=True)
-                   if not r.ok and not r.shed and VALVE_IN_STREAM in (r.error or "") else r for r in records]
+        records = [
+            dataclasses.replace(r, shed=True, refused_in_stream=True)
+            if not r.ok and not r.shed and VALVE_IN_STREAM in (r.error or "")
+            else r
+            for r in records
+        ]
     return summary_row(artifacts, records, classes, valve=valve), records
 
 
@@ -586,8 +709,9 @@ def read_packed_round(out: Path, name: str, classes: Iterable[ClassTargets], *, 
     return summary_row(out / f"aiperf-{name}", records, classes, valve=valve)
 
 
-def summary_row(artifacts: Path, records: list[RecordTimes], classes: Iterable[ClassTargets], *,
-                valve: bool) -> dict[str, Any]:
+def summary_row(
+    artifacts: Path, records: list[RecordTimes], classes: Iterable[ClassTargets], *, valve: bool
+) -> dict[str, Any]:
     """aiperf's summary metrics and error kinds under ``artifacts``, with ``records``' goodput."""
     found = sorted(artifacts.rglob("profile_export_aiperf.json"))
     if not found:
@@ -672,9 +796,15 @@ class RoundSettings:
     preload: Path | None = None
 
 
-def run_round(name: str, policy: str | Arm, dataset: Path, out: Path, settings: RoundSettings,
-              on_phase: Callable[[str], None] = lambda phase: None,
-              on_tick: Callable[[float], None] = lambda elapsed_s: None) -> tuple[dict[str, Any], list[RecordTimes]]:
+def run_round(
+    name: str,
+    policy: str | Arm,
+    dataset: Path,
+    out: Path,
+    settings: RoundSettings,
+    on_phase: Callable[[str], None] = lambda phase: None,
+    on_tick: Callable[[float], None] = lambda elapsed_s: None,
+) -> tuple[dict[str, Any], list[RecordTimes]]:
     """A fresh server for ``policy``, a few untimed warm-up requests, aiperf's timed replay of
     ``dataset``; the round's row and raw records. ``on_phase`` hears each phase's name,
     ``on_tick`` the seconds aiperf has run, twice a second. The server's whole process group has exited when
@@ -683,8 +813,14 @@ def run_round(name: str, policy: str | Arm, dataset: Path, out: Path, settings: 
     step_log, request_log = out / f"steps-{name}.jsonl", out / f"requests-{name}.jsonl"
     for log in (step_log, request_log):
         log.unlink(missing_ok=True)
-    args = server_args(policy, settings.model, settings.repo, step_log=step_log, request_log=request_log,
-                       meridian_config=settings.meridian_config) + list(settings.extra_server_args)
+    args = server_args(
+        policy,
+        settings.model,
+        settings.repo,
+        step_log=step_log,
+        request_log=request_log,
+        meridian_config=settings.meridian_config,
+    ) + list(settings.extra_server_args)
     on_phase("starting the server")
     with VllmServer(model_path, args, log_path=out / f"serve-{name}.log", cache_dir=settings.cache_dir) as srv:
         placement = pin(srv) if settings.pin else None
@@ -699,40 +835,72 @@ def run_round(name: str, policy: str | Arm, dataset: Path, out: Path, settings: 
             on_phase("preloading")
             preload = out / f"aiperf-{name}-preload"
             shutil.rmtree(preload, ignore_errors=True)
-            cmd = aiperf_command(settings.aiperf, model_path, srv.base_url, settings.preload, preload,
-                                 workers=settings.workers)
+            cmd = aiperf_command(
+                settings.aiperf, model_path, srv.base_url, settings.preload, preload, workers=settings.workers
+            )
             if placement is not None:
                 cmd = ["taskset", "-c", ",".join(map(str, placement["front_cpus"])), *cmd]
-            returncode = run_logged(cmd, out / f"aiperf-{name}-preload.log", settings.timeout_s, lambda: None,
-                                    env=aiperf_environment())
+            returncode = run_logged(
+                cmd, out / f"aiperf-{name}-preload.log", settings.timeout_s, lambda: None, env=aiperf_environment()
+            )
             if returncode != 0:
-                raise RuntimeError(f"aiperf's preload exited with {returncode}; log: {out / f'aiperf-{name}-preload.log'}")
+                raise RuntimeError(
+                    f"aiperf's preload exited with {returncode}; log: {out / f'aiperf-{name}-preload.log'}"
+                )
             shutil.rmtree(preload, ignore_errors=True)
         artifacts = out / f"aiperf-{name}"
         shutil.rmtree(artifacts, ignore_errors=True)
-        cmd = aiperf_command(settings.aiperf, model_path, srv.base_url, dataset, artifacts, workers=settings.workers,
-                             goodput=settings.model.classes[0], raw=settings.raw)
+        cmd = aiperf_command(
+            settings.aiperf,
+            model_path,
+            srv.base_url,
+            dataset,
+            artifacts,
+            workers=settings.workers,
+            goodput=settings.model.classes[0],
+            raw=settings.raw,
+        )
         if placement is not None:
             cmd = ["taskset", "-c", ",".join(map(str, placement["front_cpus"])), *cmd]
         metrics_before = metric_sums(srv.base_url, settings.server_metrics) if settings.server_metrics else {}
         on_phase("load")
         started = time.monotonic()
         busy = CpuBusy()
-        returncode = run_logged(cmd, out / f"aiperf-{name}.log", settings.timeout_s,
-                                lambda: (busy.sample(), on_tick(time.monotonic() - started)), env=aiperf_environment())
+
+        def tick() -> None:
+            busy.sample()
+            on_tick(time.monotonic() - started)
+
+        returncode = run_logged(
+            cmd,
+            out / f"aiperf-{name}.log",
+            settings.timeout_s,
+            tick,
+            env=aiperf_environment(),
+        )
         if returncode != 0:
             raise RuntimeError(f"aiperf exited with {returncode}; log: {out / f'aiperf-{name}.log'}")
         wall_s = time.monotonic() - started
         preemptions = metric_sum(srv.base_url, "vllm:num_preemptions_total")
         metrics_after = settled_metric_sums(srv.base_url, settings.server_metrics) if settings.server_metrics else {}
         speed_after_ms = speed_probe_ms(engine_cpus)
-        row, records = read_export(artifacts, settings.model.classes,
-                                   valve=isinstance(policy, Arm) and policy.max_num_queued_reqs is not None)
-        row.update({"policy": policy.name if isinstance(policy, Arm) else policy, "wall_s": wall_s, "placement": placement,
-                    "preemptions": preemptions, "cpu_busy_pct": busy.mean(),
-                    "speed_probe_ms": {"before": speed_before_ms, "after": speed_after_ms}})
+        row, records = read_export(
+            artifacts, settings.model.classes, valve=isinstance(policy, Arm) and policy.max_num_queued_reqs is not None
+        )
+        row.update(
+            {
+                "policy": policy.name if isinstance(policy, Arm) else policy,
+                "wall_s": wall_s,
+                "placement": placement,
+                "preemptions": preemptions,
+                "cpu_busy_pct": busy.mean(),
+                "speed_probe_ms": {"before": speed_before_ms, "after": speed_after_ms},
+            }
+        )
         if settings.server_metrics:
-            row["server_metrics"] = {name: metrics_after[name] - metrics_before[name] for name in settings.server_metrics}
+            row["server_metrics"] = {
+                name: metrics_after[name] - metrics_before[name] for name in settings.server_metrics
+            }
     row["meridian_cost"] = meridian_cost(step_log)
     row["preemptions_by_phase"] = preemptions_by_phase(request_log)
     return row, records
@@ -749,9 +917,14 @@ HEAVY_BURST_REQUESTS = 480
 CAPACITY_BURST_RATE_RPS = 1_000.0
 
 
-def measure_capacity_rps(policy: str, out: Path, settings: RoundSettings,
-                         num_requests: int | None = None,
-                         on_phase: Callable[[str], None] = lambda phase: None, lengths: str = "uniform") -> float:
+def measure_capacity_rps(
+    policy: str,
+    out: Path,
+    settings: RoundSettings,
+    num_requests: int | None = None,
+    on_phase: Callable[[str], None] = lambda phase: None,
+    lengths: str = "uniform",
+) -> float:
     """Requests per second a fresh ``policy`` server completes with a standing queue: aiperf sends
     ``num_requests`` of the workload's mix (another seed than the timed load's) at once, and the
     completed ones are divided by aiperf's benchmark duration. A rate is past the knee when it
@@ -761,8 +934,17 @@ def measure_capacity_rps(policy: str, out: Path, settings: RoundSettings,
     if num_requests is None:
         num_requests = CAPACITY_BURST_REQUESTS if lengths == "uniform" else HEAVY_BURST_REQUESTS
     dataset = out / "capacity-burst.jsonl"
-    dataset.write_text(Workload(num_requests, CAPACITY_BURST_RATE_RPS, settings.model.classes, seed=1, lengths=lengths,
-                                max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl())
+    dataset.write_text(
+        Workload(
+            num_requests,
+            CAPACITY_BURST_RATE_RPS,
+            settings.model.classes,
+            seed=1,
+            lengths=lengths,
+            max_think=settings.model.max_think,
+            max_tokens=settings.model.max_tokens,
+        ).jsonl()
+    )
     row, records = run_round(f"capacity-{policy}", policy, dataset, out, settings, on_phase=on_phase)
     completed = sum(1 for r in records if r.ok and r.ttfo_ms is not None)
     if not completed or not row["duration_s"]:
@@ -830,8 +1012,9 @@ def aiperf_environment() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
 
 
-def run_logged(cmd: list[str], log_path: Path, timeout_s: float, tick: Callable[[], object],
-               env: dict[str, str] | None = None) -> int:
+def run_logged(
+    cmd: list[str], log_path: Path, timeout_s: float, tick: Callable[[], object], env: dict[str, str] | None = None
+) -> int:
     """Runs ``cmd`` with its output in ``log_path``, calling ``tick`` twice a second; kills it
     past ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
@@ -892,9 +1075,12 @@ def meridian_cost(step_log: Path) -> dict[str, float] | None:
         return None
     step_ms = np.array([r["step_ms"] for r in records])
     meridian_ms = np.array([r["meridian_ms"] for r in records])
-    return {"num_steps": len(records), "median_meridian_ms": float(np.median(meridian_ms)),
-            "median_step_ms": float(np.median(step_ms)),
-            "meridian_share_of_step_time": float(meridian_ms.sum() / step_ms.sum()) if step_ms.sum() else 0.0}
+    return {
+        "num_steps": len(records),
+        "median_meridian_ms": float(np.median(meridian_ms)),
+        "median_step_ms": float(np.median(step_ms)),
+        "meridian_share_of_step_time": float(meridian_ms.sum() / step_ms.sum()) if step_ms.sum() else 0.0,
+    }
 
 
 def preemptions_by_phase(request_log: Path) -> dict[str, int] | None:
@@ -909,15 +1095,21 @@ def add_round_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every live benchmark shares: the model and its KV cache, the load, and how the
     rounds run."""
     parser.add_argument("--model", choices=sorted(LIVE_MODELS), default="tiny")
-    parser.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens (default: the model's)")
-    parser.add_argument("--rate", type=float, default=None, help="arrivals per second (Poisson, seeded; default: the model's)")
+    parser.add_argument(
+        "--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens (default: the model's)"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=None, help="arrivals per second (Poisson, seeded; default: the model's)"
+    )
     parser.add_argument("--requests", type=int, default=None, help="default: the model's")
     parser.add_argument("--warmup", type=int, default=3, help="untimed requests before each round")
     parser.add_argument("--cooldown-s", type=float, default=5.0)
     parser.add_argument("--workers", type=int, default=2, help="aiperf's --workers-max")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=len(os.sched_getaffinity(0)) >= 2)
     parser.add_argument("--timeout-s", type=float, default=900.0)
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default: bench/results/<bench>_<model>_<date>)")
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results folder (default: bench/results/<bench>_<model>_<date>)"
+    )
 
 
 def round_settings(args: argparse.Namespace, repo: Path, bench: str, **extra: Any) -> RoundSettings:
@@ -932,9 +1124,18 @@ def round_settings(args: argparse.Namespace, repo: Path, bench: str, **extra: An
     args.requests = model.num_requests if args.requests is None else args.requests
     args.out = args.out or repo / "bench" / "results" / f"{bench}_{args.model}_{time.strftime('%Y-%m-%d')}"
     args.out.mkdir(parents=True, exist_ok=True)
-    return RoundSettings(model=model, repo=repo, cache_dir=repo / ".cache", aiperf=aiperf, pin=args.pin,
-                         cooldown_s=args.cooldown_s, warmup=args.warmup, workers=args.workers,
-                         timeout_s=args.timeout_s, **extra)
+    return RoundSettings(
+        model=model,
+        repo=repo,
+        cache_dir=repo / ".cache",
+        aiperf=aiperf,
+        pin=args.pin,
+        cooldown_s=args.cooldown_s,
+        warmup=args.warmup,
+        workers=args.workers,
+        timeout_s=args.timeout_s,
+        **extra,
+    )
 
 
 # ---- the live workloads as the replay takes them ---------------------------------------------------
@@ -950,14 +1151,26 @@ def live_profile(model_name: str, kv_cache_tokens: int) -> Profile:
     from meridian.replay.profiles import Profile
 
     model = LIVE_MODELS[model_name]
-    capacity = {"block_size": BLOCK_SIZE_TOKENS, "num_kv_blocks": kv_cache_tokens // BLOCK_SIZE_TOKENS,
-                "max_num_seqs": MAX_NUM_SEQS, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                "max_model_len": model.max_model_len}
+    capacity = {
+        "block_size": BLOCK_SIZE_TOKENS,
+        "num_kv_blocks": kv_cache_tokens // BLOCK_SIZE_TOKENS,
+        "max_num_seqs": MAX_NUM_SEQS,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+        "max_model_len": model.max_model_len,
+    }
     costs = {"base_ms": 1.0, "per_prefill_token_ms": 0.01, "per_decode_request_ms": 0.1, "per_context_token_ms": 0.001}
     sources = {key: "the live server's arguments (meridian.demo.loadgen.server_args)" for key in capacity}
     sources.update({key: "placeholder, replaced by the fit" for key in costs})
-    return Profile.from_json({"name": f"live-{model_name}", "description": "the live CPU server", "model": "linear",
-                              **capacity, **costs, "sources": sources})
+    return Profile.from_json(
+        {
+            "name": f"live-{model_name}",
+            "description": "the live CPU server",
+            "model": "linear",
+            **capacity,
+            **costs,
+            "sources": sources,
+        }
+    )
 
 
 def workload_trace(path: Path) -> list[TraceRequest]:
@@ -971,8 +1184,15 @@ def workload_trace(path: Path) -> list[TraceRequest]:
         entry = json.loads(line)
         words = entry["text"].split()  # "think N answer M"
         think, answer = int(words[1]), int(words[3])
-        out.append(TraceRequest(
-            req_id=f"r{k}", arrival_ms=float(entry["timestamp"]), num_prompt_tokens=len(prompt_words(think, answer)),
-            num_output_tokens=think + answer, num_think_tokens=think, num_answer_tokens=answer,
-            slo_class=entry["extra"]["vllm_xargs"]["meridian_class"]))
+        out.append(
+            TraceRequest(
+                req_id=f"r{k}",
+                arrival_ms=float(entry["timestamp"]),
+                num_prompt_tokens=len(prompt_words(think, answer)),
+                num_output_tokens=think + answer,
+                num_think_tokens=think,
+                num_answer_tokens=answer,
+                slo_class=entry["extra"]["vllm_xargs"]["meridian_class"],
+            )
+        )
     return out

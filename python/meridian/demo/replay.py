@@ -16,9 +16,12 @@ from meridian.replay.runner import DEMO_OPTIONS, render, run_replay
 def run_part(cache_dir: Path) -> dict[str, object]:
     """Replays the demo's window and prints the table."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    print("\nReplay: a bundled excerpt of the Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA '24; "
-          "CC-BY-4.0), real arrivals + production-derived reasoning lengths (ServeGen DeepSeek-R1), on the "
-          "H200 / 32B-class profile, every policy, virtual time.", flush=True)
+    print(
+        "\nReplay: a bundled excerpt of the Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA '24; "
+        "CC-BY-4.0), real arrivals + production-derived reasoning lengths (ServeGen DeepSeek-R1), on the "
+        "H200 / 32B-class profile, every policy, virtual time.",
+        flush=True,
+    )
     started = time.monotonic()
     report = run_replay(DEMO_OPTIONS.with_cache_dir(cache_dir))
     print(render(report))

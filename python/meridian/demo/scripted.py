@@ -41,8 +41,12 @@ SCENARIO_MERIDIAN_CONFIG: dict[str, Any] = {
     },
     "default_class": "standard",
     "priority_map": {"0": "standard"},
-    "step_time": {"base_ms": 1.0, "per_prefill_token_ms": 0.001, "per_decode_request_ms": 0.001,
-                  "per_context_token_ms": 0.0},
+    "step_time": {
+        "base_ms": 1.0,
+        "per_prefill_token_ms": 0.001,
+        "per_decode_request_ms": 0.001,
+        "per_context_token_ms": 0.0,
+    },
 }
 #: The two policies shown (names of ``meridian.replay.policies``).
 POLICIES = (STOCK.name, MERIDIAN.name)
@@ -68,7 +72,7 @@ ROWS = [
 
 @dataclass(frozen=True)
 class Scenario:
-    """Shape of the KV-pressure workload (DESIGN §3's prototype numbers by default)."""
+    """Shape of the KV-pressure workload (docs/request-life.md §3's prototype numbers by default)."""
 
     num_requests: int = 40
     arrival_window_steps: int = 60
@@ -119,7 +123,7 @@ def run_scenario(policy: str, seed: int, cache_dir: str | Path, scenario: Scenar
 
 
 def summarize(result: EngineRun) -> dict[str, float]:
-    """DESIGN §4 metrics of one run, latencies in steps."""
+    """docs/request-life.md §4 metrics of one run, latencies in steps."""
     reports = result.reports
 
     def values(attr: str) -> list[float]:
@@ -196,5 +200,13 @@ def render(results: dict[str, list[dict[str, float]]], seeds: list[int]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["POLICIES", "SCENARIO_MERIDIAN_CONFIG", "Scenario", "run_part", "run_scenario",
-           "scenario_requests", "scenario_spec", "summarize"]
+__all__ = [
+    "POLICIES",
+    "SCENARIO_MERIDIAN_CONFIG",
+    "Scenario",
+    "run_part",
+    "run_scenario",
+    "scenario_requests",
+    "scenario_spec",
+    "summarize",
+]

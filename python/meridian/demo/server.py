@@ -51,7 +51,9 @@ def wait_healthy(base_url: str, process: subprocess.Popen[bytes], timeout_s: flo
 class VllmServer:
     """``vllm serve MODEL ARGS...`` on 127.0.0.1, for the duration of a ``with`` block."""
 
-    def __init__(self, model: Path, args: list[str], *, log_path: Path, cache_dir: Path, start_timeout_s: float = 300.0):
+    def __init__(
+        self, model: Path, args: list[str], *, log_path: Path, cache_dir: Path, start_timeout_s: float = 300.0
+    ):
         self.model = model
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -63,17 +65,33 @@ class VllmServer:
         self._log: IO[bytes] | None = None
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "meridian.vllm_cli", "serve", str(self.model), "--host", "127.0.0.1",
-                "--port", str(self.port), *self.args]
+        return [
+            sys.executable,
+            "-m",
+            "meridian.vllm_cli",
+            "serve",
+            str(self.model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            *self.args,
+        ]
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         cache = self.cache_dir
-        env.update({
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-            "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-            "VLLM_RPC_BASE_PATH": str(cache / "rpc"), "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "OMP_NUM_THREADS": "1",
+                "VLLM_CACHE_ROOT": str(cache / "vllm"),
+                "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+                "VLLM_RPC_BASE_PATH": str(cache / "rpc"),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         (cache / "rpc").mkdir(parents=True, exist_ok=True)
         return env
 
@@ -97,8 +115,9 @@ class VllmServer:
 
     def _launch(self) -> subprocess.Popen[bytes]:
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=self.environment(), start_new_session=True)
+        self.process = subprocess.Popen(
+            self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
+        )
         return self.process
 
     def stop(self) -> None:
@@ -121,7 +140,9 @@ class VllmServer:
     def __enter__(self) -> VllmServer:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
@@ -140,19 +161,33 @@ class StreamResult:
     content_times_s: list[float] = field(default_factory=list)
 
 
-def stream_chat(base_url: str, model: str, message: str, *, max_tokens: int = 400,
-                extra: dict[str, Any] | None = None, timeout_s: float = 300.0,
-                headers: dict[str, str] | None = None) -> StreamResult:
+def stream_chat(
+    base_url: str,
+    model: str,
+    message: str,
+    *,
+    max_tokens: int = 400,
+    extra: dict[str, Any] | None = None,
+    timeout_s: float = 300.0,
+    headers: dict[str, str] | None = None,
+) -> StreamResult:
     """One streaming ``/v1/chat/completions`` request at temperature 0 (``headers``: e.g. vLLM's
     ``X-data-parallel-rank``)."""
     import httpx
 
-    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": message}],
-                            "max_tokens": max_tokens, "temperature": 0.0, "stream": True}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [{"role": "user", "content": message}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+    }
     body.update(extra or {})
     sent_s = time.monotonic()
-    with httpx.Client(timeout=timeout_s) as client, client.stream("POST", f"{base_url}/v1/chat/completions", json=body,
-                                                                  headers=headers) as r:
+    with (
+        httpx.Client(timeout=timeout_s) as client,
+        client.stream("POST", f"{base_url}/v1/chat/completions", json=body, headers=headers) as r,
+    ):
         result = StreamResult(status=r.status_code, sent_s=sent_s)
         if r.status_code != 200:
             result.error = r.read().decode(errors="replace")
@@ -160,7 +195,7 @@ def stream_chat(base_url: str, model: str, message: str, *, max_tokens: int = 40
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
-            payload = json.loads(line[len("data: "):])
+            payload = json.loads(line[len("data: ") :])
             if "error" in payload:
                 result.error = json.dumps(payload["error"])
                 continue

@@ -51,7 +51,10 @@ SERVER_CONFIG: dict[str, Any] = {
     "classes": {
         "standard": {"ttft_ms": 60_000, "ttfat_ms": 600_000, "answer_tpot_ms": 10_000, "rank": 1},
         STRICT_CLASS: {
-            "ttft_ms": 0.001, "ttfat_ms": 0.001, "answer_tpot_ms": 0.001, "rank": 0,
+            "ttft_ms": 0.001,
+            "ttfat_ms": 0.001,
+            "answer_tpot_ms": 0.001,
+            "rank": 0,
             # Every request of it is late from the start: it must be served (and counted as a
             # miss), not shed, for the load-aware control to see the attainment fall.
             "on_overload": "queue",
@@ -70,10 +73,12 @@ MODES: dict[str, dict[str, Any] | None] = {
     "eat": {THINKING_ARG: json.dumps({"eat": {"min_lines": 4}, "boundaries": COUNTDOWN_BOUNDARIES})},
     "proxy": {THINKING_ARG: json.dumps({"proxy": {"min_tokens": 5, "end_prob_threshold": None, "max_end_rank": 40}})},
     "rpdi": {
-        THINKING_ARG: json.dumps({
-            "rpdi": {"min_tokens": 8, "high_entropy_nats": 1.4, "alpha": 0.3, "ratio_threshold": 2.0},
-            "boundaries": EVERY_TOKEN_A_SENTENCE,
-        })
+        THINKING_ARG: json.dumps(
+            {
+                "rpdi": {"min_tokens": 8, "high_entropy_nats": 1.4, "alpha": 0.3, "ratio_threshold": 2.0},
+                "boundaries": EVERY_TOKEN_A_SENTENCE,
+            }
+        )
     },
     "load-aware (strict class)": {CLASS_ARG: STRICT_CLASS},
 }
@@ -87,9 +92,23 @@ def server_config_json(extra: dict[str, Any] | None = None) -> str:
     return json.dumps({CONFIG_KEY: {**SERVER_CONFIG, **(extra or {})}})
 
 
-SERVER_ARGS = ["--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
-               "--kv-cache-memory-bytes", str(4 << 20), "--max-num-seqs", "8", "--reasoning-parser", "deepseek_r1",
-               "--scheduler-cls", SCHEDULER_CLS]
+SERVER_ARGS = [
+    "--dtype",
+    "float32",
+    "--enforce-eager",
+    "--max-model-len",
+    "256",
+    "--block-size",
+    "32",
+    "--kv-cache-memory-bytes",
+    str(4 << 20),
+    "--max-num-seqs",
+    "8",
+    "--reasoning-parser",
+    "deepseek_r1",
+    "--scheduler-cls",
+    SCHEDULER_CLS,
+]
 #: (thinking N, answer M) of each prompt.
 PROMPTS = [(30, 5), (60, 5), (90, 5)]
 #: Modes shown (the two "off" modes are one row; the load-aware row runs its class twice, so the
@@ -97,7 +116,9 @@ PROMPTS = [(30, 5), (60, 5), (90, 5)]
 SHOWN = ["off (no arguments)", "budget 12", "eat", "proxy", "rpdi", "load-aware (strict class)"]
 
 
-def run_thinking(model: Path, cache_dir: Path, out_dir: Path, progress: Callable[[str], None] = print) -> dict[str, Any]:
+def run_thinking(
+    model: Path, cache_dir: Path, out_dir: Path, progress: Callable[[str], None] = print
+) -> dict[str, Any]:
     """Runs every shown mode on every prompt; returns per-mode thinking tokens and answer checks."""
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "thinking-requests.jsonl"
@@ -121,7 +142,9 @@ def run_thinking(model: Path, cache_dir: Path, out_dir: Path, progress: Callable
             results[mode] = {"thinking_tokens": thought, "answers_intact": all(intact)}
             progress(f"  {mode:<28} thinking tokens {thought}")
     time.sleep(0.5)
-    stops = [json.loads(line).get(THINKING_STOP_FIELDS[0]) for line in log.read_text().splitlines()] if log.exists() else []
+    stops = (
+        [json.loads(line).get(THINKING_STOP_FIELDS[0]) for line in log.read_text().splitlines()] if log.exists() else []
+    )
     named = ["none" if stop is None else str(stop) for stop in stops]
     results["stopped_by_counts"] = {name: named.count(name) for name in sorted(set(named))}
     return results

@@ -30,7 +30,7 @@ NVRTC_OPTIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module(name: str, device_id: int) -> Any:
     import cupy
 
@@ -73,11 +73,11 @@ class DeviceLogitsStats:
     def empty(cls, num_rows: int, num_targets: int, device: torch.device) -> DeviceLogitsStats:
         import torch
 
-        f32 = {"dtype": torch.float32, "device": device}
+        f32 = torch.float32
         return cls(
-            lse=torch.empty(num_rows, **f32),
-            entropy=torch.empty(num_rows, **f32),
-            target_prob=torch.empty(num_rows, num_targets, **f32),
+            lse=torch.empty(num_rows, dtype=f32, device=device),
+            entropy=torch.empty(num_rows, dtype=f32, device=device),
+            target_prob=torch.empty(num_rows, num_targets, dtype=f32, device=device),
             target_rank=torch.empty(num_rows, num_targets, dtype=torch.int32, device=device),
         )
 
@@ -96,7 +96,9 @@ def logits_stats(
     import torch
 
     if logits.dim() != 2 or logits.stride(1) != 1:
-        raise InvalidArgumentError(f"logits must be 2-D with unit stride along the vocabulary, got {tuple(logits.shape)}")
+        raise InvalidArgumentError(
+            f"logits must be 2-D with unit stride along the vocabulary, got {tuple(logits.shape)}"
+        )
     if logits.dtype not in (torch.float32, torch.bfloat16):
         raise InvalidArgumentError(f"logits must be float32 or bfloat16, got {logits.dtype}")
     if target_ids.dtype != torch.int32 or target_ids.dim() != 1 or target_ids.numel() > MAX_TARGETS:

@@ -35,7 +35,7 @@ def logits_stats_reference(logits: npt.ArrayLike, target_ids: npt.ArrayLike) -> 
     if np.any((targets < 0) | (targets >= vocab)):
         raise ValueError(f"target ids must lie in [0, {vocab}), got {targets.tolist()}")
     finite = x > -np.inf
-    any_mass = finite.any(axis=1)
+    any_mass = np.asarray(finite.any(axis=1))
     m = np.where(any_mass, np.max(np.where(finite, x, -np.inf), axis=1), 0.0)
     shifted = np.where(finite, x - m[:, None], 0.0)
     e = np.where(finite, np.exp(shifted), 0.0)
@@ -43,9 +43,13 @@ def logits_stats_reference(logits: npt.ArrayLike, target_ids: npt.ArrayLike) -> 
     u = (e * shifted).sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
         lse = np.where(any_mass, m + np.log(np.where(any_mass, s, 1.0)), -np.inf)
-        entropy = np.where(any_mass, np.maximum(np.log(np.where(any_mass, s, 1.0)) - u / np.where(any_mass, s, 1.0), 0.0), 0.0)
+        entropy = np.where(
+            any_mass, np.maximum(np.log(np.where(any_mass, s, 1.0)) - u / np.where(any_mass, s, 1.0), 0.0), 0.0
+        )
     target_logit = x[:, targets]
     with np.errstate(invalid="ignore"):
         prob = np.where(any_mass[:, None] & (target_logit > -np.inf), np.exp(target_logit - lse[:, None]), 0.0)
-    rank = (x[:, None, :] > target_logit[:, :, None]).sum(axis=2) if len(targets) else np.zeros((x.shape[0], 0), np.int64)
+    rank = (
+        (x[:, None, :] > target_logit[:, :, None]).sum(axis=2) if len(targets) else np.zeros((x.shape[0], 0), np.int64)
+    )
     return LogitsStats(lse=lse, entropy=entropy, target_prob=prob, target_rank=rank.astype(np.int64))

@@ -26,7 +26,7 @@ gate's reason), counted as missed, never as a failure.
 
 Metrics come from one Meridian core used as a pure observer (no plans), fed the same token
 streams whatever the scheduler, so stock and Meridian runs are measured by one definition
-(DESIGN §4). Invariant: the engine only calls the public scheduler interface, in vLLM's order; it
+(docs/request-life.md §4). Invariant: the engine only calls the public scheduler interface, in vLLM's order; it
 never looks at a policy's decisions except through what vLLM itself would see (outputs,
 preemptions).
 """
@@ -39,7 +39,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from meridian._core import SHED_MARKER, Config, FinishedRequest, Meridian
 from meridian.offline.tiny import EOS, TOOL_CALL
@@ -107,11 +107,14 @@ def _host_tier_config(spec: EngineSpec) -> Any:
     align = HostCopyOffloadingSpec.BLOCK_SIZE_ALIGNMENT
     chunk_bytes = -(-page_bytes // align) * align
     return KVTransferConfig(
-        kv_connector="OffloadingConnector", kv_role="kv_both",
-        kv_connector_extra_config={"spec_name": HostCopyOffloadingSpec.__name__,
-                                   "spec_module_path": HostCopyOffloadingSpec.__module__,
-                                   "cpu_bytes_to_use": spec.num_host_blocks * chunk_bytes,
-                                   "offload_prompt_only": False},
+        kv_connector="OffloadingConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={
+            "spec_name": HostCopyOffloadingSpec.__name__,
+            "spec_module_path": HostCopyOffloadingSpec.__module__,
+            "cpu_bytes_to_use": spec.num_host_blocks * chunk_bytes,
+            "offload_prompt_only": False,
+        },
     )
 
 
@@ -120,10 +123,8 @@ def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) ->
     for ``EngineCore``, which builds its scheduler from the config)."""
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ReasoningConfig, SchedulerConfig, VllmConfig
 
-    model_config = ModelConfig(
-        model=str(spec.model_dir), max_model_len=spec.max_model_len, dtype="float32", seed=0
-    )
-    extra = {"scheduler_cls": scheduler_cls} if scheduler_cls is not None else {}
+    model_config = ModelConfig(model=str(spec.model_dir), max_model_len=spec.max_model_len, dtype="float32", seed=0)
+    extra: dict[str, Any] = {"scheduler_cls": scheduler_cls} if scheduler_cls is not None else {}
     scheduler_config = SchedulerConfig(
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,
@@ -131,7 +132,7 @@ def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) ->
         is_encoder_decoder=False,
         enable_chunked_prefill=True,
         async_scheduling=spec.async_scheduling,
-        policy=spec.policy,
+        policy=cast(Any, spec.policy),
         **extra,
     )
     cache_config = CacheConfig(block_size=spec.block_size, enable_prefix_caching=spec.enable_prefix_caching)
@@ -177,8 +178,9 @@ def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
         kv_cache_groups=[
             KVCacheGroupSpec(
                 ["layer"],
-                FullAttentionSpec(block_size=spec.block_size, num_kv_heads=_KV_NUM_HEADS, head_size=_KV_HEAD_SIZE,
-                                  dtype=torch.float32),
+                FullAttentionSpec(
+                    block_size=spec.block_size, num_kv_heads=_KV_NUM_HEADS, head_size=_KV_HEAD_SIZE, dtype=torch.float32
+                ),
             )
         ],
     )
@@ -289,8 +291,9 @@ class HostTierLink:
             meta.mark_completed(job_id)
         num_tokens = self._load_tokens(jobs)
         if num_tokens:
-            meta.transfer_stats.load.record(round(num_tokens * self.kv_bytes_per_token),
-                                            num_tokens * self.load_ms_per_token / 1000.0)
+            meta.transfer_stats.load.record(
+                round(num_tokens * self.kv_bytes_per_token), num_tokens * self.load_ms_per_token / 1000.0
+            )
         finished = {job.req_id for job in jobs.load_jobs.values()}
         return KVConnectorOutput(finished_recving=finished or None, kv_connector_worker_meta=meta)
 
@@ -363,8 +366,13 @@ def scripted_request(
     """A request whose model output is exactly ``output_token_ids`` (ending in EOS), with room
     to spare in ``max_tokens`` so the script, not the cap, ends it."""
     return OfflineRequest(
-        req_id, arrival_ms, list(prompt_token_ids), len(output_token_ids) + 8, FixedScript(tuple(output_token_ids)),
-        slo_class=slo_class, priority=priority,
+        req_id,
+        arrival_ms,
+        list(prompt_token_ids),
+        len(output_token_ids) + 8,
+        FixedScript(tuple(output_token_ids)),
+        slo_class=slo_class,
+        priority=priority,
     )
 
 
@@ -534,8 +542,10 @@ class OfflineEngine:
         """Hands the engine a request; it is added to the scheduler at the top of the first loop
         pass whose clock has reached its arrival. Requests must be submitted in arrival order."""
         if self._pending and request.arrival_ms < self._pending[-1].arrival_ms:
-            raise ValueError(f"request {request.req_id!r} arrives at {request.arrival_ms} ms, before the last "
-                             f"submitted one ({self._pending[-1].arrival_ms} ms): submit in arrival order")
+            raise ValueError(
+                f"request {request.req_id!r} arrives at {request.arrival_ms} ms, before the last "
+                f"submitted one ({self._pending[-1].arrival_ms} ms): submit in arrival order"
+            )
         self._start()
         self._pending.append(request)
 
@@ -600,7 +610,8 @@ class OfflineEngine:
         if self.scheduler.has_requests():
             output = self._schedule()
             executed = output.total_num_scheduled_tokens > 0 or (
-                self.tier_link is not None and self.tier_link.has_jobs(output))
+                self.tier_link is not None and self.tier_link.has_jobs(output)
+            )
             finish_ms = self._execute(output) if executed else self.now_ms
             self.batch_queue.appendleft((output, self._model(output), finish_ms))
             if len(self.batch_queue) < self.batch_queue_size and (executed or self.scheduler.has_requests()):
@@ -725,8 +736,13 @@ class OfflineEngine:
 
         known_class = offline.slo_class if offline.slo_class in self._observer_classes else None
         handle, slo_class = self.observer.add_request(
-            offline.req_id, offline.arrival_ms, list(offline.prompt_token_ids), max(offline.max_tokens, 1),
-            known_class, max(-_PRIORITY_LIMIT, min(_PRIORITY_LIMIT, offline.priority)), offline.waited_ms,
+            offline.req_id,
+            offline.arrival_ms,
+            list(offline.prompt_token_ids),
+            max(offline.max_tokens, 1),
+            known_class,
+            max(-_PRIORITY_LIMIT, min(_PRIORITY_LIMIT, offline.priority)),
+            offline.waited_ms,
         )
         timeline = Timeline(offline.req_id, slo_class, offline.arrival_ms)
         self.result.timelines[offline.req_id] = timeline

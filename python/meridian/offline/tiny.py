@@ -38,8 +38,43 @@ MARKER_TOKENS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
 WORDS = (
     [str(i) for i in range(100)]
     + [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    + "think count down answer with tokens then stop user assistant system so next step done "
-    "ok the is a of and to in it that let me check again wait hmm right yes no because".split()
+    + [
+        "think",
+        "count",
+        "down",
+        "answer",
+        "with",
+        "tokens",
+        "then",
+        "stop",
+        "user",
+        "assistant",
+        "system",
+        "so",
+        "next",
+        "step",
+        "done",
+        "ok",
+        "the",
+        "is",
+        "a",
+        "of",
+        "and",
+        "to",
+        "in",
+        "it",
+        "that",
+        "let",
+        "me",
+        "check",
+        "again",
+        "wait",
+        "hmm",
+        "right",
+        "yes",
+        "no",
+        "because",
+    ]
 )
 
 CHAT_TEMPLATE = (
@@ -87,8 +122,13 @@ MODEL_SHAPES = {
 MAX_NUMBER = {"tiny": 99, "compute": 99, "long": 999}
 
 
-def write_tiny_model(path: str | Path, *, shape: ModelShape = MODEL_SHAPES["tiny"], max_position_embeddings: int = 4096,
-                     max_number: int = 99) -> Path:
+def write_tiny_model(
+    path: str | Path,
+    *,
+    shape: ModelShape = MODEL_SHAPES["tiny"],
+    max_position_embeddings: int = 4096,
+    max_number: int = 99,
+) -> Path:
     """Writes ``config.json``, ``tokenizer.json``, ``tokenizer_config.json`` and
     ``generation_config.json`` into ``path`` and returns it (``max_number``: ``vocabulary``'s)."""
     from tokenizers import Tokenizer
@@ -147,8 +187,9 @@ def write_tiny_model(path: str | Path, *, shape: ModelShape = MODEL_SHAPES["tiny
     return out
 
 
-def write_random_model(path: str | Path, *, seed: int, shape: ModelShape = MODEL_SHAPES["compute"],
-                       max_position_embeddings: int = 1024) -> Path:
+def write_random_model(
+    path: str | Path, *, seed: int, shape: ModelShape = MODEL_SHAPES["compute"], max_position_embeddings: int = 1024
+) -> Path:
     """The tiny model's files with seeded random weights (N(0, 0.05)) instead of trained ones:
     a model whose every output token depends on its whole KV cache. The trained fixtures count
     down from the last token alone and ignore their KV, so they cannot show that KV restored from
@@ -223,8 +264,15 @@ def task_prompt(num_think: int, num_answer: int) -> str:
 
 def prompt_words(num_think: int, num_answer: int) -> list[str]:
     """The chat-templated prompt, as whitespace-separated tokens (ends with the open ``<think>``)."""
-    return ["<|im_start|>", "user", *task_prompt(num_think, num_answer).split(), "<|im_end|>",
-            "<|im_start|>", "assistant", "<think>"]
+    return [
+        "<|im_start|>",
+        "user",
+        *task_prompt(num_think, num_answer).split(),
+        "<|im_end|>",
+        "<|im_start|>",
+        "assistant",
+        "<think>",
+    ]
 
 
 def completion_words(num_think: int, num_answer: int, rng: random.Random) -> list[str]:

@@ -134,17 +134,21 @@ class ServeGenArrivals:
         rows = self.rows_in(start_s, span_s)
         expected = sum(row.rate * (hi - lo) for row, lo, hi in rows)
         if expected <= 0:
-            raise TraceError(f"{self.origin}: no client is active in [{start_s:g} s, {start_s + span_s:g} s) of the day")
+            raise TraceError(
+                f"{self.origin}: no client is active in [{start_s:g} s, {start_s + span_s:g} s) of the day"
+            )
         rng = np.random.default_rng(seed)
         thinning = _HEADROOM * num_requests / expected
         for _attempt in range(8):
             times = np.sort(np.concatenate([_renewal(rng, row, row.rate * thinning, lo, hi) for row, lo, hi in rows]))
             if len(times) >= num_requests:
                 kept = times[:num_requests]
-                return (kept - kept[0]) * 1000.0
+                return np.asarray((kept - kept[0]) * 1000.0, dtype=np.float64)
             thinning *= 1.5 * num_requests / max(len(times), 1)
-        raise TraceError(f"{self.origin}: could not draw {num_requests} arrivals from [{start_s:g} s, "
-                         f"{start_s + span_s:g} s) of the day")
+        raise TraceError(
+            f"{self.origin}: could not draw {num_requests} arrivals from [{start_s:g} s, "
+            f"{start_s + span_s:g} s) of the day"
+        )
 
     # ---- the bundled summary
 
@@ -153,14 +157,16 @@ class ServeGenArrivals:
         header = {
             "format": ARRIVALS_FORMAT,
             "source": "alibaba/ServeGen data/reason/deepseek-r1/ chunk-<id>-trace.csv @ "
-                      "f891d1189eb32b3868dfc443800c4150548c282a (Apache-2.0); Xiang et al., arXiv:2505.09999",
+            "f891d1189eb32b3868dfc443800c4150548c282a (Apache-2.0); Xiang et al., arXiv:2505.09999",
             "derivation": "Every active 10-minute row (non-empty pattern) of every client: window start, rate, "
-                          "cv, pattern and shape (ServeGen's p1) rounded to 4 significant digits; the scale "
-                          "(p2) is left out because gaps are rescaled to the rate.",
+            "cv, pattern and shape (ServeGen's p1) rounded to 4 significant digits; the scale "
+            "(p2) is left out because gaps are rescaled to the rate.",
             "columns": ["client", "window_start_s", "rate", "cv", "pattern", "shape"],
         }
-        rows = [json.dumps([r.client, r.window_start_s, _sig(r.rate), _sig(r.cv), r.pattern, _sig(r.shape)])
-                for r in self.rows]
+        rows = [
+            json.dumps([r.client, r.window_start_s, _sig(r.rate), _sig(r.cv), r.pattern, _sig(r.shape)])
+            for r in self.rows
+        ]
         head = json.dumps(header, indent=1)[:-2]
         Path(path).write_text(head + ',\n "rows": [\n' + ",\n".join(rows) + "\n ]\n}\n", encoding="utf-8")
 
@@ -220,7 +226,9 @@ def _load_folder(folder: Path) -> ServeGenArrivals:
             try:
                 row = RateRow(client, int(fields[0]), float(fields[1]), float(fields[2]), fields[3], float(fields[4]))
             except ValueError:
-                raise TraceError(f"{where}: expected 'window_start_s,rate,cv,pattern,shape,scale', got {line!r}") from None
+                raise TraceError(
+                    f"{where}: expected 'window_start_s,rate,cv,pattern,shape,scale', got {line!r}"
+                ) from None
             if row.rate > 0:
                 rows.append(row.check(where))
     return ServeGenArrivals(rows, origin=str(folder))
@@ -237,13 +245,15 @@ def _load_summary(path: Path) -> ServeGenArrivals:
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(document, dict) or document.get("format") != ARRIVALS_FORMAT:
-        raise TraceError(f"{path}: not a ServeGen arrivals summary (expected \"format\": {ARRIVALS_FORMAT!r})")
+        raise TraceError(f'{path}: not a ServeGen arrivals summary (expected "format": {ARRIVALS_FORMAT!r})')
     rows = []
     for index, entry in enumerate(document.get("rows") or []):
         where = f"{path}: rows[{index}]"
         try:
             client, start, rate, cv, pattern, shape = entry
-            rows.append(RateRow(int(client), int(start), float(rate), float(cv), str(pattern), float(shape)).check(where))
+            rows.append(
+                RateRow(int(client), int(start), float(rate), float(cv), str(pattern), float(shape)).check(where)
+            )
         except (TypeError, ValueError) as exc:
             raise TraceError(f"{where}: malformed ({exc})") from None
     return ServeGenArrivals(rows, origin=str(path))

@@ -44,8 +44,18 @@ from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
 from meridian.replay.arrivals import ServeGenArrivals, retime
 from meridian.replay.policies import (
-    TUNED_VALVE, TUNED_VALVE_BASE, WorkloadMeans, best_queue_cap, effective_seats, policy_spec, queue_cap_for,
-    queue_cap_grid, refined_queue_caps, replay_policy, unvalved_policy, with_queue_cap,
+    TUNED_VALVE,
+    TUNED_VALVE_BASE,
+    WorkloadMeans,
+    best_queue_cap,
+    effective_seats,
+    policy_spec,
+    queue_cap_for,
+    queue_cap_grid,
+    refined_queue_caps,
+    replay_policy,
+    unvalved_policy,
+    with_queue_cap,
 )
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.replay.report import policy_run
@@ -95,10 +105,16 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {
-    "azure-code": Family(("azure_llm_2023/AzureLLMInferenceTrace_code.csv",),
-                         {"h200-qwen3-8b": 1500, "h200-qwen3-32b": 800}, ("servegen",)),
-    "azure-conv": Family(("azure_llm_2023/AzureLLMInferenceTrace_conv.csv",),
-                         {"h200-qwen3-8b": 1500, "h200-qwen3-32b": 800}, ("servegen", "servegen-ratio")),
+    "azure-code": Family(
+        ("azure_llm_2023/AzureLLMInferenceTrace_code.csv",),
+        {"h200-qwen3-8b": 1500, "h200-qwen3-32b": 800},
+        ("servegen",),
+    ),
+    "azure-conv": Family(
+        ("azure_llm_2023/AzureLLMInferenceTrace_conv.csv",),
+        {"h200-qwen3-8b": 1500, "h200-qwen3-32b": 800},
+        ("servegen", "servegen-ratio"),
+    ),
     # Its prompts average 15k tokens: only the 8B profile's KV holds a useful batch of them.
     "mooncake": Family(("mooncake/synthetic_trace.jsonl",), {"h200-qwen3-8b": 600}, ("servegen", "servegen-ratio")),
 }
@@ -156,12 +172,15 @@ class Scenario:
 
     def describe(self) -> str:
         hour = self.day_start_s / 3600.0
-        return (f"{self.family} from {self.trace_start_s:.0f} s, {self.arrivals} arrivals, {self.lengths} lengths "
-                f"at {hour:04.1f} h, {self.class_mix.removeprefix('mix:')}, {self.targets} targets, {self.profile}")
+        return (
+            f"{self.family} from {self.trace_start_s:.0f} s, {self.arrivals} arrivals, {self.lengths} lengths "
+            f"at {hour:04.1f} h, {self.class_mix.removeprefix('mix:')}, {self.targets} targets, {self.profile}"
+        )
 
 
-def make_corpus(per_family: int = 6, *, seed: int = 0, request_scale: float = 1.0,
-                families: Sequence[str] = tuple(FAMILIES)) -> list[Scenario]:
+def make_corpus(
+    per_family: int = 6, *, seed: int = 0, request_scale: float = 1.0, families: Sequence[str] = tuple(FAMILIES)
+) -> list[Scenario]:
     """``per_family`` scenarios per family, drawn with ``seed``: every arrival kind in turn, the
     other dimensions (trace window, hour of ServeGen's day, length source, class mix, target set,
     profile, sampling seed) drawn at random; ``request_scale`` scales the requests per scenario
@@ -176,20 +195,22 @@ def make_corpus(per_family: int = 6, *, seed: int = 0, request_scale: float = 1.
         for i in range(per_family):
             arrivals = ARRIVALS[i % len(ARRIVALS)]
             profile = str(rng.choice(sorted(family.profiles)))
-            scenarios.append(Scenario(
-                name=f"{name}-{i:02d}",
-                family=name,
-                # Leave room for the requests after the start (the densest trace, conv, needs ~60 s).
-                trace_start_s=float(np.round(rng.uniform(0.0, max(span_s - 900.0, 1.0)), 1)),
-                arrivals=arrivals,
-                day_start_s=float(rng.integers(0, 144) * 600),
-                lengths=str(rng.choice(family.length_sources)),
-                class_mix=str(rng.choice(CLASS_MIXES)),
-                targets=str(rng.choice(list(TARGET_SETS))),
-                profile=profile,
-                num_requests=max(2, round(family.profiles[profile] * request_scale)),
-                seed=int(rng.integers(0, 2**31)),
-            ))
+            scenarios.append(
+                Scenario(
+                    name=f"{name}-{i:02d}",
+                    family=name,
+                    # Leave room for the requests after the start (the densest trace, conv, needs ~60 s).
+                    trace_start_s=float(np.round(rng.uniform(0.0, max(span_s - 900.0, 1.0)), 1)),
+                    arrivals=arrivals,
+                    day_start_s=float(rng.integers(0, 144) * 600),
+                    lengths=str(rng.choice(family.length_sources)),
+                    class_mix=str(rng.choice(CLASS_MIXES)),
+                    targets=str(rng.choice(list(TARGET_SETS))),
+                    profile=profile,
+                    num_requests=max(2, round(family.profiles[profile] * request_scale)),
+                    seed=int(rng.integers(0, 2**31)),
+                )
+            )
     return scenarios
 
 
@@ -201,8 +222,10 @@ def _family_paths(family: str) -> list[Path]:
     paths = [traces_dir() / f for f in files]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
-        raise TraceError(f"trace family {family!r} needs {', '.join(missing)} (the shared traces folder; set "
-                         "MERIDIAN_TRACES_DIR to where it is)")
+        raise TraceError(
+            f"trace family {family!r} needs {', '.join(missing)} (the shared traces folder; set "
+            "MERIDIAN_TRACES_DIR to where it is)"
+        )
     return paths
 
 
@@ -227,21 +250,25 @@ def scenario_requests(s: Scenario) -> list[traces.TraceRequest]:
     """The scenario's requests, arrivals normalised to one request per second on average."""
     window = traces.limit(traces.window(list(_family_requests(s.family)), s.trace_start_s, None), s.num_requests)
     if len(window) < s.num_requests:
-        raise TraceError(f"scenario {s.name}: the trace holds {len(window)} requests after {s.trace_start_s:g} s, "
-                         f"{s.num_requests} asked for")
+        raise TraceError(
+            f"scenario {s.name}: the trace holds {len(window)} requests after {s.trace_start_s:g} s, "
+            f"{s.num_requests} asked for"
+        )
     if s.arrivals == "trace":
         arrivals_ms = np.asarray([r.arrival_ms for r in window], dtype=np.float64)
     elif s.arrivals in ARRIVAL_SPANS_S:
-        arrivals_ms = ServeGenArrivals.default().sample(s.day_start_s, ARRIVAL_SPANS_S[s.arrivals], s.num_requests,
-                                                        s.seed)
+        arrivals_ms = ServeGenArrivals.default().sample(
+            s.day_start_s, ARRIVAL_SPANS_S[s.arrivals], s.num_requests, s.seed
+        )
     else:
         raise TraceError(f"scenario {s.name}: unknown arrivals {s.arrivals!r}; expected one of {', '.join(ARRIVALS)}")
     # One request per second on average: the last arrival at num_requests - 1 seconds.
     span_ms = float(arrivals_ms[-1] - arrivals_ms[0]) or 1.0
     arrivals_ms = (arrivals_ms - arrivals_ms[0]) * ((s.num_requests - 1) * 1000.0 / span_ms)
     requests = retime(window, arrivals_ms)
-    requests = reasoning.apply_reasoning_lengths(requests, s.lengths, seed=s.seed, servegen=_servegen_lengths(),
-                                                 hour_of_day=s.day_start_s / 3600.0)
+    requests = reasoning.apply_reasoning_lengths(
+        requests, s.lengths, seed=s.seed, servegen=_servegen_lengths(), hour_of_day=s.day_start_s / 3600.0
+    )
     return traces.assign_classes(requests, s.class_mix, s.seed)
 
 
@@ -256,7 +283,9 @@ def scenario_config(s: Scenario, overrides: Mapping[str, Any] | None = None) -> 
     try:
         classes = TARGET_SETS[s.targets]
     except KeyError:
-        raise TraceError(f"scenario {s.name}: unknown target set {s.targets!r}; known: {', '.join(TARGET_SETS)}") from None
+        raise TraceError(
+            f"scenario {s.name}: unknown target set {s.targets!r}; known: {', '.join(TARGET_SETS)}"
+        ) from None
     config: dict[str, Any] = {"classes": {k: dict(v) for k, v in classes.items()}, "default_class": "standard"}
     overrides = dict(overrides or {})
     triage = overrides.pop(ON_OVERLOAD, None)
@@ -287,8 +316,14 @@ class Job:
     queue_cap: int | None = None
 
     @staticmethod
-    def of(scenario: Scenario, rate: float, policy: str, variant: str = "default",
-           overrides: Mapping[str, Any] | None = None, queue_cap: int | None = None) -> Job:
+    def of(
+        scenario: Scenario,
+        rate: float,
+        policy: str,
+        variant: str = "default",
+        overrides: Mapping[str, Any] | None = None,
+        queue_cap: int | None = None,
+    ) -> Job:
         spec = policy_spec(policy)
         encoded = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in (overrides or {}).items()))
         if queue_cap is not None:
@@ -310,9 +345,14 @@ class Job:
     def key(self, core_build: str) -> str:
         spec = policy_spec(self.policy)
         runs_core = spec.meridian_policy is not None
-        payload = {"scenario": asdict(self.scenario), "rate": round(self.rate, 9), "policy": self.policy,
-                   "config": self.config(), "core": core_build if runs_core else None,
-                   "v": RESULT_VERSION if runs_core else STOCK_RESULT_VERSION}
+        payload = {
+            "scenario": asdict(self.scenario),
+            "rate": round(self.rate, 9),
+            "policy": self.policy,
+            "config": self.config(),
+            "core": core_build if runs_core else None,
+            "v": RESULT_VERSION if runs_core else STOCK_RESULT_VERSION,
+        }
         if self.queue_cap is not None:
             payload["queue_cap"] = self.queue_cap
         if spec.vllm_policy != "fcfs":
@@ -368,9 +408,13 @@ def _core_build() -> str:
 
 def _result(summary: dict[str, Any]) -> dict[str, Any]:
     """What the corpus keeps of a replay summary."""
+
     def tails(s: dict[str, Any]) -> dict[str, Any]:
         return {
-            "submitted": s["submitted"], "good": s["good"], "completed": s["completed"], "attainment": s["attainment"],
+            "submitted": s["submitted"],
+            "good": s["good"],
+            "completed": s["completed"],
+            "attainment": s["attainment"],
             "shed": s.get("shed", 0),
             "refused": s.get("refused", 0),
             "shed_by": s.get("shed_by", {}),
@@ -382,9 +426,13 @@ def _result(summary: dict[str, Any]) -> dict[str, Any]:
 
     out = tails(summary)
     out.update(
-        throughput_tok_s=summary["throughput_tok_s"], duration_s=summary["duration_s"], stalls=summary["stalls"],
-        answer_preemptions=summary["preemptions"]["answer"], num_steps=summary["num_steps"],
-        peak_in_flight=summary.get("peak_in_flight"), queue_cap=summary.get("queue_cap"),
+        throughput_tok_s=summary["throughput_tok_s"],
+        duration_s=summary["duration_s"],
+        stalls=summary["stalls"],
+        answer_preemptions=summary["preemptions"]["answer"],
+        num_steps=summary["num_steps"],
+        peak_in_flight=summary.get("peak_in_flight"),
+        queue_cap=summary.get("queue_cap"),
         per_class={name: tails(c) for name, c in summary["per_class"].items()},
     )
     return out
@@ -396,8 +444,13 @@ def run_job(job: Job, cache_dir: Path) -> dict[str, Any]:
     profile = Profile.load(job.scenario.profile)
     config = job.config()
     requests = traces.scale_rate(_scenario_requests_cached(job.scenario), job.rate)
-    result = replay_policy(job.spec(), offline_requests(requests, profile, Config.from_json(json.dumps(config))),
-                           profile, meridian_config=config, model_dir=model_dir_for(profile, cache_dir))
+    result = replay_policy(
+        job.spec(),
+        offline_requests(requests, profile, Config.from_json(json.dumps(config))),
+        profile,
+        meridian_config=config,
+        model_dir=model_dir_for(profile, cache_dir),
+    )
     return _result(policy_run(result, job.rate).summary)
 
 
@@ -480,8 +533,10 @@ class Corpus:
             for i, result in zip(order, pool.imap(_pool_job, [jobs[i] for i in order], chunksize=1)):
                 results[i] = result
                 cap = f"={jobs[i].queue_cap}" if jobs[i].queue_cap is not None else ""
-                self.progress(f"  {jobs[i].scenario.name} @ {jobs[i].rate:.3g}/s {jobs[i].policy}{cap}"
-                              f"[{jobs[i].variant}]: {result['attainment']:.0%}")
+                self.progress(
+                    f"  {jobs[i].scenario.name} @ {jobs[i].rate:.3g}/s {jobs[i].policy}{cap}"
+                    f"[{jobs[i].variant}]: {result['attainment']:.0%}"
+                )
         return [r for r in results if r is not None]
 
 
@@ -562,12 +617,14 @@ def estimated_capacity_rps(s: Scenario) -> float:
 FLOOR_CAPACITY_SHARE = 0.25
 
 
-def calibrate(corpus: Corpus, scenarios: Sequence[Scenario], *, start: Sequence[float] = (1.0, 2.5),
-              max_rounds: int = 8) -> dict[str, Calibration]:
+def calibrate(
+    corpus: Corpus, scenarios: Sequence[Scenario], *, start: Sequence[float] = (1.0, 2.5), max_rounds: int = 8
+) -> dict[str, Calibration]:
     """FCFS's load points for every scenario, searched in lockstep (one batch of probes per
     round, every scenario's at once), starting at ``start`` × ``estimated_capacity_rps``."""
-    calibrations = {s.name: Calibration(s, floor_rate=FLOOR_CAPACITY_SHARE * estimated_capacity_rps(s))
-                    for s in scenarios}
+    calibrations = {
+        s.name: Calibration(s, floor_rate=FLOOR_CAPACITY_SHARE * estimated_capacity_rps(s)) for s in scenarios
+    }
     pending = [Job.of(s, f * estimated_capacity_rps(s), "vllm-fcfs") for s in scenarios for f in start]
     for _round in range(max_rounds):
         if not pending:
@@ -611,16 +668,22 @@ def columns(policies: Sequence[str], variants: Mapping[str, Mapping[str, Any]] |
     """The stock baseline first, then ``policies`` (``TUNED_VALVE`` as a tuned column), then
     Meridian's ``variants`` (label → overrides, shown as ``meridian[label]``)."""
     out = [Column(BASELINE, BASELINE)]
-    out += [Column(TUNED_VALVE, TUNED_VALVE_BASE, tuned=True) if p == TUNED_VALVE else Column(p, p)
-            for p in policies if p != BASELINE]
+    out += [
+        Column(TUNED_VALVE, TUNED_VALVE_BASE, tuned=True) if p == TUNED_VALVE else Column(p, p)
+        for p in policies
+        if p != BASELINE
+    ]
     out += [Column(f"meridian[{label}]", "meridian", label, dict(ov)) for label, ov in (variants or {}).items()]
     for c in out:
         policy_spec(c.policy)
     return out
 
 
-def evaluate(corpus: Corpus, items: Sequence[tuple[Column, Scenario, float]],
-             unvalved: Mapping[tuple[str, float, str], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+def evaluate(
+    corpus: Corpus,
+    items: Sequence[tuple[Column, Scenario, float]],
+    unvalved: Mapping[tuple[str, float, str], Mapping[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """Each (column, scenario, rate)'s result, the jobs run in batches. A tuned column runs its
     scenario's cap grid, then one round of refinement around the best cap
     (``refined_queue_caps``), and keeps the cap that met every target for the most requests
@@ -635,12 +698,12 @@ def evaluate(corpus: Corpus, items: Sequence[tuple[Column, Scenario, float]],
         peak = base.get("peak_in_flight") if base is not None else None
         contexts.append((column, scenario, rate, base, peak))
 
-    def run_caps(wanted: list[list[int | None]]) -> list[dict[int | None, dict[str, Any]]]:
+    def run_caps(wanted: Sequence[Sequence[int | None]]) -> list[dict[int | None, dict[str, Any]]]:
         """Per item, the results at the caps asked for (``None``: the column's own cap)."""
         jobs: list[Job] = []
         plans = []
         for (column, scenario, rate, base, peak), caps in zip(contexts, wanted):
-            plan = []
+            plan: list[tuple[int | None, int | None, Job | dict[str, Any]]] = []
             for cap in caps:
                 job = column.job(scenario, rate, cap)
                 if base is not None and peak is not None and job.queue_cap is not None and job.queue_cap >= peak:
@@ -652,10 +715,18 @@ def evaluate(corpus: Corpus, items: Sequence[tuple[Column, Scenario, float]],
         ran = iter(corpus.run(jobs))
         return [{cap: dict(next(ran)) if isinstance(e, Job) else dict(e) for cap, _q, e in plan} for plan in plans]
 
-    first = run_caps([scenario_cap_grid(scenario, peak) if column.tuned else [None]
-                      for column, scenario, _rate, _base, peak in contexts])
-    second = run_caps([refined_queue_caps({c: int(r["good"]) for c, r in got.items() if c is not None})
-                       if column.tuned else [] for (column, *_rest), got in zip(contexts, first)])
+    first = run_caps(
+        [
+            scenario_cap_grid(scenario, peak) if column.tuned else [None]
+            for column, scenario, _rate, _base, peak in contexts
+        ]
+    )
+    second = run_caps(
+        [
+            refined_queue_caps({c: int(r["good"]) for c, r in got.items() if c is not None}) if column.tuned else []
+            for (column, *_rest), got in zip(contexts, first)
+        ]
+    )
     out = []
     for (column, *_rest), got, more in zip(contexts, first, second):
         if not column.tuned:
@@ -663,8 +734,13 @@ def evaluate(corpus: Corpus, items: Sequence[tuple[Column, Scenario, float]],
             continue
         caps = {c: r for c, r in {**got, **more}.items() if c is not None}
         cap = best_queue_cap({c: int(r["good"]) for c, r in caps.items()})
-        out.append({**caps[cap], "queue_cap": cap,
-                    "tuned_queue_caps": {str(c): int(r["good"]) for c, r in sorted(caps.items())}})
+        out.append(
+            {
+                **caps[cap],
+                "queue_cap": cap,
+                "tuned_queue_caps": {str(c): int(r["good"]) for c, r in sorted(caps.items())},
+            }
+        )
     return out
 
 
@@ -701,28 +777,48 @@ class CorpusReport:
         if not ratios:
             return {"geomean": math.nan, "worst": math.nan, "worst_scenario": None, "scenarios": 0}
         worst = min(ratios, key=lambda n: ratios[n])
-        return {"geomean": geometric_mean(ratios.values()), "worst": ratios[worst], "worst_scenario": worst,
-                "scenarios": len(ratios)}
+        return {
+            "geomean": geometric_mean(ratios.values()),
+            "worst": ratios[worst],
+            "worst_scenario": worst,
+            "scenarios": len(ratios),
+        }
 
     def to_json(self) -> dict[str, Any]:
         return {
             "scenarios": [asdict(s) for s in self.scenarios],
-            "columns": [{"label": c.label, "policy": c.policy, "overrides": dict(c.overrides), "tuned": c.tuned}
-                        for c in self.columns],
-            "loads": {n: {str(p): {"rate": r, "fcfs_attainment": a} for p, (r, a) in pts.items()}
-                      for n, pts in self.loads.items()},
+            "columns": [
+                {"label": c.label, "policy": c.policy, "overrides": dict(c.overrides), "tuned": c.tuned}
+                for c in self.columns
+            ],
+            "loads": {
+                n: {str(p): {"rate": r, "fcfs_attainment": a} for p, (r, a) in pts.items()}
+                for n, pts in self.loads.items()
+            },
             "results": [{"scenario": n, "load_point": p, "column": c, **r} for (n, p, c), r in self.results.items()],
             "summary": {str(p): {c.label: self.summary(p, c.label) for c in self.columns} for p in self.points},
             "capacity": self.capacity,
-            **({"meridian_vs_best_of_scorpio_tuned_valve": {
-                str(p): against_best(self, p, "meridian", ("scorpio", TUNED_VALVE)) for p in self.points}}
-               if {"meridian", "scorpio", TUNED_VALVE} <= {c.label for c in self.columns} else {}),
+            **(
+                {
+                    "meridian_vs_best_of_scorpio_tuned_valve": {
+                        str(p): against_best(self, p, "meridian", ("scorpio", TUNED_VALVE)) for p in self.points
+                    }
+                }
+                if {"meridian", "scorpio", TUNED_VALVE} <= {c.label for c in self.columns}
+                else {}
+            ),
         }
 
 
-def run_corpus(corpus: Corpus, scenarios: Sequence[Scenario], cols: Sequence[Column], *,
-               capacity: bool = False, points: Sequence[float] = LOAD_POINTS,
-               known_loads: Mapping[str, Mapping[float, tuple[float, float]]] | None = None) -> CorpusReport:
+def run_corpus(
+    corpus: Corpus,
+    scenarios: Sequence[Scenario],
+    cols: Sequence[Column],
+    *,
+    capacity: bool = False,
+    points: Sequence[float] = LOAD_POINTS,
+    known_loads: Mapping[str, Mapping[float, tuple[float, float]]] | None = None,
+) -> CorpusReport:
     """Calibrates the loads (or takes ``known_loads``, an earlier report's, see ``loads_of``),
     replays every column at each of ``points`` (of ``LOAD_POINTS``), and (``capacity``, which
     needs the calibration's probes) searches each column's capacity."""
@@ -740,17 +836,28 @@ def run_corpus(corpus: Corpus, scenarios: Sequence[Scenario], cols: Sequence[Col
         calibrations: dict[str, Calibration] = {}
     else:
         calibrations = calibrate(corpus, scenarios)
-        loads = {s.name: {p: found for p in points if (found := calibrations[s.name].point(p)) is not None}
-                 for s in scenarios}
+        loads = {
+            s.name: {p: found for p in points if (found := calibrations[s.name].point(p)) is not None}
+            for s in scenarios
+        }
     # The valve columns after every other: the stock policy's peak of unfinished requests at each
     # load tells which caps refuse nothing there.
     results: dict[tuple[str, float, str], dict[str, Any]] = {}
     for valve in (False, True):
-        items = [(c, s, p) for s in scenarios for p in loads[s.name] for c in cols
-                 if policy_spec(c.policy).valve is valve]
-        unvalved = {(s.name, loads[s.name][p][0], c.policy): results[(s.name, p, c.label)]
-                    for s in scenarios for p in loads[s.name] for c in cols
-                    if c.label == c.policy and not policy_spec(c.policy).valve} if valve else None
+        items = [
+            (c, s, p) for s in scenarios for p in loads[s.name] for c in cols if policy_spec(c.policy).valve is valve
+        ]
+        unvalved = (
+            {
+                (s.name, loads[s.name][p][0], c.policy): results[(s.name, p, c.label)]
+                for s in scenarios
+                for p in loads[s.name]
+                for c in cols
+                if c.label == c.policy and not policy_spec(c.policy).valve
+            }
+            if valve
+            else None
+        )
         done = evaluate(corpus, [(c, s, loads[s.name][p][0]) for c, s, p in items], unvalved)
         results.update({(s.name, p, c.label): r for (c, s, p), r in zip(items, done)})
     report = CorpusReport(list(scenarios), list(cols), loads, results, points=points)
@@ -766,28 +873,36 @@ def loads_of(path: Path) -> dict[str, dict[float, tuple[float, float]]]:
     ``TraceError`` naming the file and what is wrong with it."""
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))["loads"]
-        loads = {str(name): {float(p): (float(v["rate"]), float(v["fcfs_attainment"])) for p, v in points.items()}
-                 for name, points in raw.items()}
+        loads = {
+            str(name): {float(p): (float(v["rate"]), float(v["fcfs_attainment"])) for p, v in points.items()}
+            for name, points in raw.items()
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise TraceError(f"{path}: not a corpus report with calibrated loads ({type(exc).__name__}: {exc})") from None
     for name, points in loads.items():
         for point, (rate, attainment) in points.items():
             if point not in LOAD_POINTS or not (math.isfinite(rate) and rate > 0) or not 0 <= attainment <= 1:
-                raise TraceError(f"{path}: scenario {name!r}: load point {point} at rate {rate} "
-                                 f"(FCFS attainment {attainment}) is not a calibrated load")
+                raise TraceError(
+                    f"{path}: scenario {name!r}: load point {point} at rate {rate} "
+                    f"(FCFS attainment {attainment}) is not a calibrated load"
+                )
     return loads
 
 
-def capacity_of(corpus: Corpus, calibrations: Mapping[str, Calibration], cols: Sequence[Column],
-                max_rounds: int = 5) -> dict[str, dict[str, float]]:
+def capacity_of(
+    corpus: Corpus, calibrations: Mapping[str, Calibration], cols: Sequence[Column], max_rounds: int = 5
+) -> dict[str, dict[str, float]]:
     """Per scenario and column, the highest rate at which ``ATTAINMENT_TARGET`` of the requests
     meet every target: FCFS's from the load search, every other column's searched from FCFS's
     (the probed rate that met it; the bracket is narrowed ``max_rounds`` times)."""
-    searches = {(name, c.label): Calibration(cal.scenario, list(cal.probes) if c.label == BASELINE else [])
-                for name, cal in calibrations.items() for c in cols}
+    searches = {
+        (name, c.label): Calibration(cal.scenario, list(cal.probes) if c.label == BASELINE else [])
+        for name, cal in calibrations.items()
+        for c in cols
+    }
     by_label = {c.label: c for c in cols}
     pending: list[tuple[tuple[str, str], float]] = []
-    for (name, label), search in searches.items():
+    for name, label in searches:
         if label != BASELINE:
             start = calibrations[name].rate_at(ATTAINMENT_TARGET)
             pending += [((name, label), r) for r in (start, start * 1.25)]
@@ -801,9 +916,9 @@ def capacity_of(corpus: Corpus, calibrations: Mapping[str, Calibration], cols: S
             break
         pending = []
         for key, search in searches.items():
-            rate = search.next_probe(ATTAINMENT_TARGET)
-            if rate is not None and key[1] != BASELINE:
-                pending.append((key, rate))
+            next_rate = search.next_probe(ATTAINMENT_TARGET)
+            if next_rate is not None and key[1] != BASELINE:
+                pending.append((key, next_rate))
     out: dict[str, dict[str, float]] = {}
     for (name, label), search in searches.items():
         met = [r for r, a in search.probes if a >= ATTAINMENT_TARGET]
@@ -811,8 +926,9 @@ def capacity_of(corpus: Corpus, calibrations: Mapping[str, Calibration], cols: S
     return out
 
 
-def leave_one_family_out(report: CorpusReport, candidates: Sequence[str], default: str,
-                         point: float = 0.5) -> list[dict[str, Any]]:
+def leave_one_family_out(
+    report: CorpusReport, candidates: Sequence[str], default: str, point: float = 0.5
+) -> list[dict[str, Any]]:
     """For each family: the candidate column with the best geometric mean on the other families,
     and how it and ``default`` do on the held-out one. A candidate is adopted as a default only
     if it beats the default on every held-out family it was picked on."""
@@ -822,12 +938,15 @@ def leave_one_family_out(report: CorpusReport, candidates: Sequence[str], defaul
         tuned = [s for s in report.scenarios if s.family != held_out]
         test = [s for s in report.scenarios if s.family == held_out]
         best = max(candidates, key=lambda c: report.summary(point, c, tuned)["geomean"])
-        rows.append({
-            "held_out": held_out, "picked": best,
-            "picked_on_tuned": report.summary(point, best, tuned)["geomean"],
-            "picked_on_held_out": report.summary(point, best, test)["geomean"],
-            "default_on_held_out": report.summary(point, default, test)["geomean"],
-        })
+        rows.append(
+            {
+                "held_out": held_out,
+                "picked": best,
+                "picked_on_tuned": report.summary(point, best, tuned)["geomean"],
+                "picked_on_held_out": report.summary(point, best, test)["geomean"],
+                "default_on_held_out": report.summary(point, default, test)["geomean"],
+            }
+        )
     return rows
 
 
@@ -851,8 +970,11 @@ def late_notices(result: Mapping[str, Any], targets: Mapping[str, float]) -> lis
     """The shed reasons whose clients heard past the deadline they were shed for (notice p99
     after the class's TTFT target for a TTFT shed, after its TTFAT target for a TTFAT shed)."""
     by_reason = result.get("shed_notice_ms_by_reason") or {}
-    return [reason for reason, notice in by_reason.items()
-            if (notice or {}).get("p99") is not None and notice["p99"] > targets[f"{reason}_ms"]]
+    return [
+        reason
+        for reason, notice in by_reason.items()
+        if (notice or {}).get("p99") is not None and notice["p99"] > targets[f"{reason}_ms"]
+    ]
 
 
 def tail_lines(report: CorpusReport) -> list[str]:
@@ -860,23 +982,35 @@ def tail_lines(report: CorpusReport) -> list[str]:
     (and p50 at the lightest load, where no class's slack should be spent for another's), and the
     throughput and the time a shed request's client waited for its notice."""
     labels = [c.label for c in report.columns if c.label != BASELINE]
-    lines = ["### Tails, throughput and shed notices", "",
-             "| load | column | class tails above FCFS's (scenario/class/metric) | throughput × FCFS, geo. mean (min) "
-             "| shed | notice p99 ≤ the deadline shed for |", "|---|---|---|---|---|---|"]
+    lines = [
+        "### Tails, throughput and shed notices",
+        "",
+        "| load | column | class tails above FCFS's (scenario/class/metric) | throughput × FCFS, geo. mean (min) "
+        "| shed | notice p99 ≤ the deadline shed for |",
+        "|---|---|---|---|---|---|",
+    ]
     for point in report.points:
         stats = ("p50", "p99") if point == max(LOAD_POINTS) else ("p99",)
         for label in labels:
             worse = tails_worse(report, point, label, stats)
-            tput = [report.results[(s.name, point, label)]["throughput_tok_s"]
-                    / report.results[(s.name, point, BASELINE)]["throughput_tok_s"] for s in report.at(point)]
+            tput = [
+                report.results[(s.name, point, label)]["throughput_tok_s"]
+                / report.results[(s.name, point, BASELINE)]["throughput_tok_s"]
+                for s in report.at(point)
+            ]
             shed = sum(report.results[(s.name, point, label)]["shed"] for s in report.at(point))
-            late = [f"{s.name}/{cls}/{reason}" for s in report.at(point)
-                    for cls, c in report.results[(s.name, point, label)]["per_class"].items()
-                    for reason in late_notices(c, TARGET_SETS[s.targets][cls])]
+            late = [
+                f"{s.name}/{cls}/{reason}"
+                for s in report.at(point)
+                for cls, c in report.results[(s.name, point, label)]["per_class"].items()
+                for reason in late_notices(c, TARGET_SETS[s.targets][cls])
+            ]
             shown = ", ".join(worse[:4]) + (f" … ({len(worse)} in all)" if len(worse) > 4 else "")
-            lines.append(f"| {point:.0%} | {label} | {len(worse)} ({' and '.join(stats)}){': ' + shown if worse else ''} "
-                         f"| {geometric_mean(tput):.3f} ({min(tput, default=math.nan):.3f}) | {shed} | "
-                         f"{'yes' if not late else 'no: ' + ', '.join(sorted(set(late)))} |")
+            lines.append(
+                f"| {point:.0%} | {label} | {len(worse)} ({' and '.join(stats)}){': ' + shown if worse else ''} "
+                f"| {geometric_mean(tput):.3f} ({min(tput, default=math.nan):.3f}) | {shed} | "
+                f"{'yes' if not late else 'no: ' + ', '.join(sorted(set(late)))} |"
+            )
     lines.append("")
     return lines
 
@@ -892,19 +1026,28 @@ def against_best(report: CorpusReport, point: float, label: str, others: Sequenc
     if not ratios:
         return {"geomean": math.nan, "worst": math.nan, "worst_scenario": None, "scenarios": 0}
     worst = min(ratios, key=lambda n: ratios[n])
-    return {"geomean": geometric_mean(ratios.values()), "worst": ratios[worst], "worst_scenario": worst,
-            "scenarios": len(ratios)}
+    return {
+        "geomean": geometric_mean(ratios.values()),
+        "worst": ratios[worst],
+        "worst_scenario": worst,
+        "scenarios": len(ratios),
+    }
 
 
-def against_best_lines(report: CorpusReport, label: str = "meridian",
-                       others: Sequence[str] = ("scorpio", TUNED_VALVE)) -> list[str]:
+def against_best_lines(
+    report: CorpusReport, label: str = "meridian", others: Sequence[str] = ("scorpio", TUNED_VALVE)
+) -> list[str]:
     """``label`` against the best of ``others`` per scenario, at every load point (nothing when a
     column is missing)."""
     labels = {c.label for c in report.columns}
     if label not in labels or not all(o in labels for o in others):
         return []
-    lines = [f"### {label} against the best of {', '.join(others)} per scenario", "",
-             "| load | geo. mean | worst scenario |", "|---|---|---|"]
+    lines = [
+        f"### {label} against the best of {', '.join(others)} per scenario",
+        "",
+        "| load | geo. mean | worst scenario |",
+        "|---|---|---|",
+    ]
     for point in report.points:
         b = against_best(report, point, label, others)
         lines.append(f"| {point:.0%} | {b['geomean']:.2f} | {b['worst']:.2f} ({b['worst_scenario']}) |")
@@ -919,9 +1062,12 @@ def valve_lines(report: CorpusReport) -> list[str]:
     valves = [c for c in report.columns if policy_spec(c.policy).valve]
     if not valves:
         return []
-    lines = ["### vLLM's load valve: cap (requests refused at arrival)", "",
-             "| load | scenario | FCFS peak unfinished | " + " | ".join(c.label for c in valves) + " |",
-             "|---|---|---|" + "---|" * len(valves)]
+    lines = [
+        "### vLLM's load valve: cap (requests refused at arrival)",
+        "",
+        "| load | scenario | FCFS peak unfinished | " + " | ".join(c.label for c in valves) + " |",
+        "|---|---|---|" + "---|" * len(valves),
+    ]
     for point in report.points:
         for s in report.at(point):
             base = report.results[(s.name, point, BASELINE)]
@@ -942,45 +1088,63 @@ def render(report: CorpusReport) -> str:
     labels = [c.label for c in report.columns]
     lines = []
     for point in report.points:
-        lines += [f"### Load where FCFS meets ~{point:.0%} of requests", "",
-                  "| scenario | rate (req/s) | FCFS met | " + " | ".join(l for l in labels if l != BASELINE) + " |",
-                  "|---|---|---|" + "---|" * (len(labels) - 1)]
+        lines += [
+            f"### Load where FCFS meets ~{point:.0%} of requests",
+            "",
+            "| scenario | rate (req/s) | FCFS met | "
+            + " | ".join(label for label in labels if label != BASELINE)
+            + " |",
+            "|---|---|---|" + "---|" * (len(labels) - 1),
+        ]
         for s in report.scenarios:
             if point not in report.loads[s.name]:
-                lines.append(f"| {s.name} | — | — | " + " | ".join("—" for l in labels if l != BASELINE) + " |")
+                lines.append(f"| {s.name} | — | — | " + " | ".join("—" for label in labels if label != BASELINE) + " |")
                 continue
             rate, _ = report.loads[s.name][point]
             base = report.results[(s.name, point, BASELINE)]
-            cells = [f"{report.ratio(s.name, point, l):.2f}" for l in labels if l != BASELINE]
+            cells = [f"{report.ratio(s.name, point, label):.2f}" for label in labels if label != BASELINE]
             lines.append(f"| {s.name} | {rate:.3g} | {base['attainment']:.0%} | " + " | ".join(cells) + " |")
-        for name, subset in [("geometric mean", None), *[(f"geo. mean {f}", [s for s in report.scenarios if s.family == f])
-                                                         for f in sorted({s.family for s in report.scenarios})]]:
-            cells = [f"{report.summary(point, l, subset)['geomean']:.2f}" for l in labels if l != BASELINE]
+        for name, subset in [
+            ("geometric mean", None),
+            *[
+                (f"geo. mean {f}", [s for s in report.scenarios if s.family == f])
+                for f in sorted({s.family for s in report.scenarios})
+            ],
+        ]:
+            cells = [f"{report.summary(point, label, subset)['geomean']:.2f}" for label in labels if label != BASELINE]
             lines.append(f"| **{name}** | | | " + " | ".join(cells) + " |")
-        worst = [report.summary(point, l) for l in labels if l != BASELINE]
-        lines.append("| **worst** | | | " + " | ".join(f"{w['worst']:.2f} ({w['worst_scenario']})" for w in worst) + " |")
+        worst = [report.summary(point, label) for label in labels if label != BASELINE]
+        lines.append(
+            "| **worst** | | | " + " | ".join(f"{w['worst']:.2f} ({w['worst_scenario']})" for w in worst) + " |"
+        )
         lines.append("")
     lines += tail_lines(report)
     lines += against_best_lines(report)
     lines += valve_lines(report)
     if report.capacity:
-        lines += ["### Capacity (highest rate with ≥ 80 % of requests meeting every target), × FCFS", "",
-                  "| scenario | FCFS (req/s) | " + " | ".join(l for l in labels if l != BASELINE) + " |",
-                  "|---|---|" + "---|" * (len(labels) - 1)]
-        cap_ratios: dict[str, list[float]] = {l: [] for l in labels}
+        lines += [
+            "### Capacity (highest rate with ≥ 80 % of requests meeting every target), × FCFS",
+            "",
+            "| scenario | FCFS (req/s) | " + " | ".join(label for label in labels if label != BASELINE) + " |",
+            "|---|---|" + "---|" * (len(labels) - 1),
+        ]
+        cap_ratios: dict[str, list[float]] = {label: [] for label in labels}
         for s in report.scenarios:
             caps = report.capacity[s.name]
-            base = caps[BASELINE]
+            base_rate = caps[BASELINE]
             cells = []
-            for l in labels:
-                if l == BASELINE:
+            for label in labels:
+                if label == BASELINE:
                     continue
-                r = caps[l] / base if base else math.nan
-                cap_ratios[l].append(r)
-                cells.append(f"{r:.2f}")
-            lines.append(f"| {s.name} | {base:.3g} | " + " | ".join(cells) + " |")
-        lines.append("| **geometric mean** | | " + " | ".join(
-            f"{geometric_mean(cap_ratios[l]):.2f}" for l in labels if l != BASELINE) + " |")
+                cap_ratio = caps[label] / base_rate if base_rate else math.nan
+                cap_ratios[label].append(cap_ratio)
+                cells.append(f"{cap_ratio:.2f}")
+            lines.append(f"| {s.name} | {base_rate:.3g} | " + " | ".join(cells) + " |")
+        lines.append(
+            "| **geometric mean** | | "
+            + " | ".join(f"{geometric_mean(cap_ratios[label]):.2f}" for label in labels if label != BASELINE)
+            + " |"
+        )
         lines.append("")
     return "\n".join(lines)
 
@@ -994,29 +1158,52 @@ def plot(report: CorpusReport, out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     labels = [c.label for c in report.columns if c.label != BASELINE]
     markers = dict(zip(sorted({s.family for s in report.scenarios}), "os^D"))
+
+    def ratio_at(p: float) -> Callable[[Scenario, str], float]:
+        return lambda s, label: report.ratio(s.name, p, label) if p in report.loads[s.name] else math.nan
+
+    def geomean_at(p: float) -> Callable[[str], float]:
+        return lambda label: float(report.summary(p, label)["geomean"])
+
     panels: list[tuple[str, str, Callable[[Scenario, str], float], Callable[[str], float]]] = [
-        (f"load_{round(p * 100)}", f"requests meeting every target, × FCFS (FCFS ≈ {p:.0%})",
-         lambda s, l, p=p: report.ratio(s.name, p, l) if p in report.loads[s.name] else math.nan,
-         lambda l, p=p: report.summary(p, l)["geomean"])
-        for p in report.points]
+        (
+            f"load_{round(p * 100)}",
+            f"requests meeting every target, × FCFS (FCFS ≈ {p:.0%})",
+            ratio_at(p),
+            geomean_at(p),
+        )
+        for p in report.points
+    ]
     if report.capacity:
         cap = report.capacity
 
-        def cap_ratio(s: Scenario, l: str) -> float:
+        def cap_ratio(s: Scenario, label: str) -> float:
             base = cap[s.name][BASELINE]
-            return cap[s.name][l] / base if base else math.nan
+            return cap[s.name][label] / base if base else math.nan
 
-        panels.append(("capacity", "capacity at 80 % attainment, × FCFS", cap_ratio,
-                       lambda l: geometric_mean(cap_ratio(s, l) for s in report.scenarios)))
+        panels.append(
+            (
+                "capacity",
+                "capacity at 80 % attainment, × FCFS",
+                cap_ratio,
+                lambda label: geometric_mean(cap_ratio(s, label) for s in report.scenarios),
+            )
+        )
     written = []
     for name, ylabel, ratio, mean in panels:
         fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(labels), 4.2))
-        ax.bar(range(len(labels)), [mean(l) for l in labels], color="#d0d8e8", label="geometric mean")
+        ax.bar(range(len(labels)), [mean(label) for label in labels], color="#d0d8e8", label="geometric mean")
         for family, marker in markers.items():
             for x, label in enumerate(labels):
                 ys = [ratio(s, label) for s in report.scenarios if s.family == family]
-                ax.scatter([x + 0.15 * (list(markers).index(family) - 1)] * len(ys), ys, marker=marker, s=18,
-                           color="#333333", label=family if x == 0 else None)
+                ax.scatter(
+                    [x + 0.15 * (list(markers).index(family) - 1)] * len(ys),
+                    ys,
+                    marker=marker,
+                    s=18,
+                    color="#333333",
+                    label=family if x == 0 else None,
+                )
         ax.axhline(1.0, color="#aa3333", linewidth=1)
         ax.set_xticks(range(len(labels)))
         ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
@@ -1032,8 +1219,18 @@ def plot(report: CorpusReport, out_dir: Path) -> list[Path]:
     return written
 
 
-def corpus_command(*, per_family: int, seed: int, policies: str, config: str | None, capacity: bool, jobs: int,
-                   cache_dir: Path, report_dir: Path | None, progress: bool) -> int:
+def corpus_command(
+    *,
+    per_family: int,
+    seed: int,
+    policies: str,
+    config: str | None,
+    capacity: bool,
+    jobs: int,
+    cache_dir: Path,
+    report_dir: Path | None,
+    progress: bool,
+) -> int:
     """``meridian replay --corpus``: every policy over the corpus; prints the report, writes it
     (and ``corpus.json`` and the plots) to ``report_dir``. ``config`` (JSON or ``@file``, the
     ``meridian`` keys other than the classes, which each scenario's target set gives) runs

@@ -78,6 +78,7 @@ def rank_stats(engine: OfflineEngine) -> RankStats:
     core = getattr(scheduler, "meridian", None)
     queue = None
     if isinstance(core, Meridian):
+
         def handles(requests: Any) -> list[int]:
             return [h for r in requests if (h := getattr(r, HANDLE_ATTR, None)) is not None]
 
@@ -202,8 +203,7 @@ class DataParallelRun:
                 out.clock_ms = max(values)
             elif f.name == "restore_counters":
                 counters = [v for v in values if v is not None]
-                out.restore_counters = ({k: sum(c[k] for c in counters) for k in counters[0]}
-                                        if counters else None)
+                out.restore_counters = {k: sum(c[k] for c in counters) for k in counters[0]} if counters else None
             elif isinstance(values[0], list):
                 setattr(out, f.name, [x for v in values for x in v])
             else:
@@ -271,12 +271,20 @@ def replay_ranks(
     """``num_ranks`` engines of policy ``spec`` on ``profile`` (each as ``replay_engine`` builds
     one: its own scheduler, core and device), balanced by ``balancer``."""
     engines = [
-        replay_engine(spec, [], profile, meridian_config=meridian_config, model_dir=model_dir, progress=progress,
-                      host_tier=host_tier)
+        replay_engine(
+            spec,
+            [],
+            profile,
+            meridian_config=meridian_config,
+            model_dir=model_dir,
+            progress=progress,
+            host_tier=host_tier,
+        )
         for _ in range(num_ranks)
     ]
-    return replay_data_parallel(engines, requests, balancer, stats_interval_ms=stats_interval_ms,
-                                num_api_servers=num_api_servers)
+    return replay_data_parallel(
+        engines, requests, balancer, stats_interval_ms=stats_interval_ms, num_api_servers=num_api_servers
+    )
 
 
 def dp_summary(run: DataParallelRun, label: str) -> dict[str, Any]:
@@ -289,11 +297,17 @@ def dp_summary(run: DataParallelRun, label: str) -> dict[str, Any]:
     per_rank = []
     for rank in run.ranks:
         s = summarize(ReplayResult(label, rank))
-        per_rank.append({
-            "submitted": s["submitted"], "completed": s["completed"], "good": s["good"],
-            "attainment": s["attainment"], "ttfat_ms": s["ttfat_ms"], "preemptions": s["preemptions"],
-            "device_utilization": rank.device_busy_ms / duration_ms,
-        })
+        per_rank.append(
+            {
+                "submitted": s["submitted"],
+                "completed": s["completed"],
+                "good": s["good"],
+                "attainment": s["attainment"],
+                "ttfat_ms": s["ttfat_ms"],
+                "preemptions": s["preemptions"],
+                "device_utilization": rank.device_busy_ms / duration_ms,
+            }
+        )
     summary["ranks"] = per_rank
     summary["device_utilization"] = merged.device_busy_ms / duration_ms / max(len(run.ranks), 1)
     return summary

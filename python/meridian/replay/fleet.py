@@ -65,8 +65,10 @@ class Retries:
         if self.attempts < 1:
             raise ValueError(f"retries: attempts={self.attempts} must be at least 1 (the first send)")
         if not (self.initial_backoff_ms > 0 and self.multiplier >= 1):
-            raise ValueError(f"retries: initial_backoff_ms={self.initial_backoff_ms} must be > 0 and "
-                             f"multiplier={self.multiplier} >= 1")
+            raise ValueError(
+                f"retries: initial_backoff_ms={self.initial_backoff_ms} must be > 0 and "
+                f"multiplier={self.multiplier} >= 1"
+            )
 
     def backoff_ms(self, retry: int) -> float:
         """The wait before retry number ``retry`` (1 for the first retry)."""
@@ -88,8 +90,9 @@ class Attempt:
 class Router:
     """The router model (see the module docs)."""
 
-    def __init__(self, kind: str, num_engines: int, *, seed: int = 0,
-                 poll_interval_ms: float = POLL_INTERVAL_MS) -> None:
+    def __init__(
+        self, kind: str, num_engines: int, *, seed: int = 0, poll_interval_ms: float = POLL_INTERVAL_MS
+    ) -> None:
         if kind not in ROUTERS:
             raise ValueError(f"unknown router {kind!r}; known: {', '.join(ROUTERS)}")
         if num_engines < 1:
@@ -171,8 +174,9 @@ class FleetRun:
         return out
 
 
-def replay_fleet(engines: Sequence[OfflineEngine], requests: Sequence[OfflineRequest], router: Router,
-                 retries: Retries = Retries()) -> FleetRun:
+def replay_fleet(
+    engines: Sequence[OfflineEngine], requests: Sequence[OfflineRequest], router: Router, retries: Retries = Retries()
+) -> FleetRun:
     """Replays ``requests`` through ``engines`` behind ``router`` (see the module docs)."""
     if router.num_engines != len(engines):
         raise ValueError(f"the router knows {router.num_engines} engines, the fleet has {len(engines)}")
@@ -201,9 +205,17 @@ def replay_fleet(engines: Sequence[OfflineEngine], requests: Sequence[OfflineReq
         now_ms, _, attempt = heapq.heappop(queue)
         router.poll(now_ms, engines)
         attempt.engine = engine_index = router.pick(attempt.request)
-        sent = attempt.request if attempt.number == 1 else replace(
-            attempt.request, req_id=attempt.attempt_id, arrival_ms=now_ms,
-            waited_ms=now_ms - attempt.first_sent_ms, reports_wait=retries.reports_wait)
+        sent = (
+            attempt.request
+            if attempt.number == 1
+            else replace(
+                attempt.request,
+                req_id=attempt.attempt_id,
+                arrival_ms=now_ms,
+                waited_ms=now_ms - attempt.first_sent_ms,
+                reports_wait=retries.reports_wait,
+            )
+        )
         result.attempts.setdefault(attempt.request.req_id, []).append(engine_index)
         router.in_flight[engine_index] += 1
         live[engine_index][attempt.attempt_id] = attempt
@@ -213,26 +225,33 @@ def replay_fleet(engines: Sequence[OfflineEngine], requests: Sequence[OfflineReq
     return result
 
 
-def _collect_finished(engines: Sequence[OfflineEngine], live: list[dict[str, Attempt]], result: FleetRun,
-                      retries: Retries, router: Router) -> list[tuple[float, Attempt]]:
+def _collect_finished(
+    engines: Sequence[OfflineEngine], live: list[dict[str, Attempt]], result: FleetRun, retries: Retries, router: Router
+) -> list[tuple[float, Attempt]]:
     """Moves finished attempts out of ``live``: a shed before the first token with attempts left
     becomes a retry (its send time and attempt), anything else the request's outcome."""
     out = []
     for index, engine in enumerate(engines):
         timelines = engine.result.timelines
-        for attempt_id in [a for a, _ in live[index].items()
-                           if (t := timelines.get(a)) is not None and t.finish_reason is not None]:
+        for attempt_id in [
+            a for a, _ in live[index].items() if (t := timelines.get(a)) is not None and t.finish_reason is not None
+        ]:
             attempt = live[index].pop(attempt_id)
             router.in_flight[index] -= 1
             timeline = timelines[attempt_id]
             bounced = is_shed(timeline) and not timeline.token_times_ms
             if bounced and attempt.number < retries.attempts:
                 finished_ms = timeline.finished_ms if timeline.finished_ms is not None else engine.now_ms
-                out.append((finished_ms + retries.backoff_ms(attempt.number),
-                            Attempt(attempt.request, attempt.number + 1, attempt.first_sent_ms)))
+                out.append(
+                    (
+                        finished_ms + retries.backoff_ms(attempt.number),
+                        Attempt(attempt.request, attempt.number + 1, attempt.first_sent_ms),
+                    )
+                )
                 continue
-            result.outcomes[attempt.request.req_id] = replace(timeline, req_id=attempt.request.req_id,
-                                                              arrival_ms=attempt.first_sent_ms)
+            result.outcomes[attempt.request.req_id] = replace(
+                timeline, req_id=attempt.request.req_id, arrival_ms=attempt.first_sent_ms
+            )
     return out
 
 

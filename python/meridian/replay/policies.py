@@ -33,7 +33,12 @@ from typing import Any
 
 from meridian._core import Config
 from meridian.offline.engine import (
-    ArrivalGate, EngineRun, EngineSpec, OfflineEngine, OfflineRequest, build_scheduler,
+    ArrivalGate,
+    EngineRun,
+    EngineSpec,
+    OfflineEngine,
+    OfflineRequest,
+    build_scheduler,
 )
 from meridian.offline.tiny import EOS
 from meridian.replay.profiles import Profile, StepBatch
@@ -69,8 +74,7 @@ def check_queue_cap(cap: object) -> int:
     """``cap`` if it is a valve cap (a whole number of requests, at least 1), else a
     ``ValueError`` naming it (vLLM takes 0, which refuses every request: no baseline)."""
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ValueError(f"queue cap {cap!r}: expected a whole number of requests >= 1 "
-                         "(vLLM's --max-num-queued-reqs)")
+        raise ValueError(f"queue cap {cap!r}: expected a whole number of requests >= 1 (vLLM's --max-num-queued-reqs)")
     return cap
 
 
@@ -87,10 +91,20 @@ POLICIES: dict[str, PolicySpec] = {
     for p in (
         PolicySpec("vllm-fcfs", "stock vLLM AsyncScheduler, first come first served", None, "fcfs"),
         PolicySpec("vllm-priority", "stock vLLM AsyncScheduler, priority = SLO class rank", None, "priority"),
-        PolicySpec("vllm-fcfs+cap", "stock vLLM FCFS behind its load valve (--max-num-queued-reqs), docs-sized cap",
-                   None, "fcfs", valve=True),
-        PolicySpec("vllm-priority+cap", "stock vLLM priority behind its load valve (--max-num-queued-reqs), "
-                   "docs-sized cap", None, "priority", valve=True),
+        PolicySpec(
+            "vllm-fcfs+cap",
+            "stock vLLM FCFS behind its load valve (--max-num-queued-reqs), docs-sized cap",
+            None,
+            "fcfs",
+            valve=True,
+        ),
+        PolicySpec(
+            "vllm-priority+cap",
+            "stock vLLM priority behind its load valve (--max-num-queued-reqs), docs-sized cap",
+            None,
+            "priority",
+            valve=True,
+        ),
         *(PolicySpec(name, _MERIDIAN_DESCRIPTIONS[name], name) for name in POLICY_NAMES),
     )
 }
@@ -106,8 +120,10 @@ TUNED_VALVE_BASE = "vllm-fcfs+cap"
 def with_queue_cap(spec: PolicySpec, cap: int) -> PolicySpec:
     """A valve policy at an explicit cap, named ``<policy>=<cap>`` (e.g. ``vllm-fcfs+cap=96``)."""
     if not spec.valve:
-        raise ValueError(f"policy {spec.name!r} has no load valve to cap (valve policies: "
-                         f"{', '.join(n for n, p in POLICIES.items() if p.valve)})")
+        raise ValueError(
+            f"policy {spec.name!r} has no load valve to cap (valve policies: "
+            f"{', '.join(n for n, p in POLICIES.items() if p.valve)})"
+        )
     base = spec.name.partition("=")[0]
     return dataclasses.replace(spec, name=f"{base}={check_queue_cap(cap)}", queue_cap=cap)
 
@@ -123,13 +139,19 @@ def policy_spec(name: str) -> PolicySpec:
         try:
             return with_queue_cap(POLICIES[base], int(cap_text))
         except ValueError:
-            raise ValueError(f"policy {name!r}: queue cap {cap_text!r}: expected a whole number of requests >= 1 "
-                             "(vLLM's --max-num-queued-reqs)") from None
+            raise ValueError(
+                f"policy {name!r}: queue cap {cap_text!r}: expected a whole number of requests >= 1 "
+                "(vLLM's --max-num-queued-reqs)"
+            ) from None
     if name == TUNED_VALVE:
-        raise ValueError(f"{TUNED_VALVE!r} is a search over valve caps, not one policy: replay it with "
-                         "meridian replay, the corpus or bench/replay_ab.py")
-    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, {TUNED_VALVE} (the tuned valve), "
-                     "or a valve policy at an explicit cap such as vllm-fcfs+cap=96")
+        raise ValueError(
+            f"{TUNED_VALVE!r} is a search over valve caps, not one policy: replay it with "
+            "meridian replay, the corpus or bench/replay_ab.py"
+        )
+    raise ValueError(
+        f"unknown policy {name!r}; known: {', '.join(POLICIES)}, {TUNED_VALVE} (the tuned valve), "
+        "or a valve policy at an explicit cap such as vllm-fcfs+cap=96"
+    )
 
 
 def unvalved_policy(spec: PolicySpec) -> str:
@@ -137,8 +159,11 @@ def unvalved_policy(spec: PolicySpec) -> str:
     ``vllm-fcfs``); the policy itself for one without a valve."""
     if not spec.valve:
         return spec.name
-    return next(name for name, p in POLICIES.items()
-                if not p.valve and p.meridian_policy is None and p.vllm_policy == spec.vllm_policy)
+    return next(
+        name
+        for name, p in POLICIES.items()
+        if not p.valve and p.meridian_policy is None and p.vllm_policy == spec.vllm_policy
+    )
 
 
 def check_policy_name(name: str) -> None:
@@ -158,7 +183,9 @@ def scheduler_class(spec: PolicySpec) -> type[Any]:
     return MeridianScheduler
 
 
-def additional_config(spec: PolicySpec, meridian_config: dict[str, Any], profile: Profile | None = None) -> dict[str, Any]:
+def additional_config(
+    spec: PolicySpec, meridian_config: dict[str, Any], profile: Profile | None = None
+) -> dict[str, Any]:
     """vLLM's ``additional_config`` for a policy: the operator's ``meridian`` block with the
     policy mode, and the profile's step-time seed unless the operator gave one; nothing for stock
     vLLM."""
@@ -190,15 +217,6 @@ def meridian_seed_step_time(profile: Profile) -> dict[str, float]:
     }
 
 
-def scheduler_config(meridian_config: dict[str, Any], spec: PolicySpec, profile: Profile) -> dict[str, Any]:
-    """The ``meridian`` block a Meridian policy runs with: the operator's classes and knobs, the
-    policy mode, and the profile's step-time seed unless the operator gave one."""
-    config = dict(meridian_config)
-    config["policy"] = spec.meridian_policy
-    config.setdefault("step_time", meridian_seed_step_time(profile))
-    return config
-
-
 @dataclass(frozen=True)
 class HostTier:
     """The host KV tier a replay models: vLLM's OffloadingConnector with this many blocks of host
@@ -218,8 +236,13 @@ class HostTier:
         return cls(num_blocks=max(1, num_blocks), load_ms_per_token=load_ms_per_token)
 
 
-def engine_spec(spec: PolicySpec, profile: Profile, meridian_config: dict[str, Any], model_dir: Path,
-                host_tier: HostTier | None = None) -> EngineSpec:
+def engine_spec(
+    spec: PolicySpec,
+    profile: Profile,
+    meridian_config: dict[str, Any],
+    model_dir: Path,
+    host_tier: HostTier | None = None,
+) -> EngineSpec:
     """The vLLM engine a policy is replayed on: the profile's KV capacity and batch limits, and
     the host tier if one is modelled."""
     return EngineSpec(
@@ -316,7 +339,8 @@ def published_snapshot(engine: OfflineEngine) -> str | None:
         return [h for r in requests if (h := getattr(r, HANDLE_ATTR, None)) is not None]
 
     return core.arrival_snapshot(
-        engine.now_ms, handles(scheduler.running), handles((*scheduler.waiting, *scheduler.kv_holding_waiting)))
+        engine.now_ms, handles(scheduler.running), handles((*scheduler.waiting, *scheduler.kv_holding_waiting))
+    )
 
 
 def chain_gates(*gates: ArrivalGate | None) -> ArrivalGate | None:
@@ -374,7 +398,7 @@ def generated_tokens(request: OfflineRequest) -> int:
     if trace is not None:
         answer = trace.num_answer_tokens if trace.num_answer_tokens is not None else trace.num_output_tokens
         thinking = trace.num_think_tokens + 1 if trace.num_think_tokens is not None else 0
-        return min(thinking + answer + 1, request.max_tokens)
+        return int(min(thinking + answer + 1, request.max_tokens))
     tokens = getattr(script, "tokens", None)
     if tokens is not None:
         ends = bool(tokens) and tokens[-1] == EOS  # the script's EOS ends it, else one follows
@@ -413,8 +437,9 @@ def docs_sized_queue_cap(*, max_num_seqs: int, capacity_rps: float, min_ttft_tar
     return max_num_seqs + math.ceil(capacity_rps * min_ttft_target_ms / 1000.0)
 
 
-def queue_cap_for(spec: PolicySpec, requests: Sequence[OfflineRequest], profile: Profile,
-                  meridian_config: Mapping[str, Any]) -> int | None:
+def queue_cap_for(
+    spec: PolicySpec, requests: Sequence[OfflineRequest], profile: Profile, meridian_config: Mapping[str, Any]
+) -> int | None:
     """The cap a policy's valve runs with on this workload: its own, else docs-sized
     (``docs_sized_queue_cap`` of ``valve_capacity_rps``); ``None`` for a policy without a valve."""
     if not spec.valve:
@@ -422,8 +447,11 @@ def queue_cap_for(spec: PolicySpec, requests: Sequence[OfflineRequest], profile:
     if spec.queue_cap is not None:
         return spec.queue_cap
     means = WorkloadMeans.of(requests, meridian_config)
-    return docs_sized_queue_cap(max_num_seqs=profile.max_num_seqs, capacity_rps=valve_capacity_rps(profile, means),
-                                min_ttft_target_ms=means.min_ttft_target_ms)
+    return docs_sized_queue_cap(
+        max_num_seqs=profile.max_num_seqs,
+        capacity_rps=valve_capacity_rps(profile, means),
+        min_ttft_target_ms=means.min_ttft_target_ms,
+    )
 
 
 def effective_seats(profile: Profile, means: WorkloadMeans) -> int:
@@ -434,8 +462,9 @@ def effective_seats(profile: Profile, means: WorkloadMeans) -> int:
     return max(1, min(profile.max_num_seqs, int(profile.kv_capacity_tokens // per_request)))
 
 
-def queue_cap_grid(seats: int, never_binds_at: int | None = None,
-                   factors: Sequence[float] = TUNED_CAP_FACTORS) -> list[int]:
+def queue_cap_grid(
+    seats: int, never_binds_at: int | None = None, factors: Sequence[float] = TUNED_CAP_FACTORS
+) -> list[int]:
     """The caps the tuned valve tries: ``seats`` (``effective_seats``) × each factor, rounded,
     at least 1, ascending. Caps at or above ``never_binds_at`` (a run's ``peak_in_flight``
     without a valve, or the number of requests) never refuse anything there and give the run
@@ -506,8 +535,9 @@ def replay_engine(
     ``engine_cls`` the engine loop's class. ``arrival_gate`` is asked for each arriving request
     (after the policy's own valve, if it has one) whether to refuse it."""
     cap = queue_cap_for(spec, requests, profile, meridian_config)
-    gate = chain_gates(LoadValve(cap) if cap is not None else None, MeridianAdmission.of(spec, meridian_config),
-                       arrival_gate)
+    gate = chain_gates(
+        LoadValve(cap) if cap is not None else None, MeridianAdmission.of(spec, meridian_config), arrival_gate
+    )
     scheduler = build_scheduler(
         scheduler_cls or scheduler_class(spec), engine_spec(spec, profile, meridian_config, model_dir, host_tier)
     )
@@ -524,7 +554,9 @@ def replay_engine(
     )
 
 
-def replay_policy(spec: PolicySpec, requests: Sequence[OfflineRequest], profile: Profile, **options: Any) -> ReplayResult:
+def replay_policy(
+    spec: PolicySpec, requests: Sequence[OfflineRequest], profile: Profile, **options: Any
+) -> ReplayResult:
     """Replays ``requests`` under one policy on ``profile`` (``options``: ``replay_engine``'s)."""
     run = replay_engine(spec, requests, profile, **options).run()
     return ReplayResult(spec.name, run, queue_cap_for(spec, requests, profile, options["meridian_config"]))

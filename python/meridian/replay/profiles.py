@@ -599,7 +599,6 @@ def _nnls(design: npt.NDArray[np.float64], target: npt.NDArray[np.float64]) -> n
     return result
 
 
-
 def write_fitted_profile(step_log_path: Path, base: str, name: str, out: Path) -> str:
     """``meridian fit-profile``: fits ``step_log_path`` on top of the profile ``base`` (name or
     JSON file), writes the new profile to ``out``; returns what the fit reports."""

@@ -216,8 +216,9 @@ class ServeGenLengths:
         think, answer = self.sample_many(rng, 1, hour_of_day)
         return int(think[0]), int(answer[0])
 
-    def sample_many(self, rng: np.random.Generator, n: int,
-                    hour_of_day: float | None = None) -> tuple[IntArray, IntArray]:
+    def sample_many(
+        self, rng: np.random.Generator, n: int, hour_of_day: float | None = None
+    ) -> tuple[IntArray, IntArray]:
         """``n`` samples at once; identical to ``n`` successive ``sample`` calls on the same ``rng``."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise TraceError(f"number of samples must be a non-negative integer, got {n!r}")
@@ -272,8 +273,12 @@ def split_output(output: IntArray, ratio: FloatArray) -> tuple[IntArray, IntArra
 
 
 def _slot_of_hour(hour_of_day: float) -> int:
-    if isinstance(hour_of_day, bool) or not isinstance(hour_of_day, (int, float)) \
-            or not math.isfinite(hour_of_day) or not 0 <= hour_of_day < 24:
+    if (
+        isinstance(hour_of_day, bool)
+        or not isinstance(hour_of_day, (int, float))
+        or not math.isfinite(hour_of_day)
+        or not 0 <= hour_of_day < 24
+    ):
         raise TraceError(f"hour_of_day must be a number in [0, 24), got {hour_of_day!r}")
     return int(hour_of_day // (DATASET_WINDOW_S / 3600))
 
@@ -397,8 +402,11 @@ def _integer_masses(probs: FloatArray) -> list[int]:
 
 def _summary_pmf(pmf: Pmf, max_points: int | None, decimals: int | None) -> dict[str, list[Any]]:
     small = pmf if max_points is None else coarsen_pmf(pmf, max_points)
-    values = np.rint(small.values).astype(np.int64).tolist() if decimals is None \
+    values = (
+        np.rint(small.values).astype(np.int64).tolist()
+        if decimals is None
         else np.round(small.values, decimals).tolist()
+    )
     return {"values": values, "masses": _integer_masses(small.probs)}
 
 
@@ -410,7 +418,8 @@ SUMMARY_DERIVATION = (
     "their cumulative mass starts (equal-mass groups, the last one split geometrically 1/2, 1/4, ... "
     "to keep the upper tail) and each group is replaced by its mass-weighted mean, so total mass and "
     "mean are preserved; output values are then rounded to integers, ratios to 4 decimals, and masses "
-    "stored as integers summing to 1,000,000 per PMF (largest-remainder rounding).")
+    "stored as integers summing to 1,000,000 per PMF (largest-remainder rounding)."
+)
 
 
 def write_summary(lengths: ServeGenLengths, path: str | Path, max_points: int | None = 64) -> None:
@@ -421,15 +430,24 @@ def write_summary(lengths: ServeGenLengths, path: str | Path, max_points: int | 
     header = {
         "format": SUMMARY_FORMAT,
         "source": "alibaba/ServeGen data/reason/deepseek-r1/ @ f891d1189eb32b3868dfc443800c4150548c282a "
-                  "(Apache-2.0); Xiang et al., arXiv:2505.09999",
+        "(Apache-2.0); Xiang et al., arXiv:2505.09999",
         "derived_from": Path(lengths.origin).name + ("" if lengths.max_points is None else " (already coarsened)"),
         "derivation": SUMMARY_DERIVATION,
         "max_points": min(points) if points else None,
     }
-    rows = [json.dumps({"client": w.client, "window_start_s": w.window_start_s, "weight": round(w.weight, 3),
-                        "output_tokens": _summary_pmf(w.output_tokens, max_points, None),
-                        "reason_ratio": _summary_pmf(w.reason_ratio, max_points, 4)},
-                       separators=(",", ":")) for w in lengths.windows]
+    rows = [
+        json.dumps(
+            {
+                "client": w.client,
+                "window_start_s": w.window_start_s,
+                "weight": round(w.weight, 3),
+                "output_tokens": _summary_pmf(w.output_tokens, max_points, None),
+                "reason_ratio": _summary_pmf(w.reason_ratio, max_points, 4),
+            },
+            separators=(",", ":"),
+        )
+        for w in lengths.windows
+    ]
     head = json.dumps(header, indent=1)[:-2]  # reopen the object to append the windows
     text = head + ',\n "client_windows": [\n' + ",\n".join(rows) + "\n ]\n}\n"
     Path(path).write_text(text, encoding="utf-8")
@@ -441,16 +459,20 @@ def _load_summary(path: Path) -> ServeGenLengths:
     except json.JSONDecodeError as exc:
         raise TraceError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
     if not isinstance(document, dict) or document.get("format") != SUMMARY_FORMAT:
-        raise TraceError(f"{path}: not a ServeGen summary (expected \"format\": {SUMMARY_FORMAT!r})")
+        raise TraceError(f'{path}: not a ServeGen summary (expected "format": {SUMMARY_FORMAT!r})')
     windows = []
     for index, entry in enumerate(document.get("client_windows") or []):
         where = f"{path}: client_windows[{index}]"
         try:
-            windows.append(ClientWindow(
-                client=int(entry["client"]), window_start_s=int(entry["window_start_s"]),
-                weight=float(entry["weight"]),
-                output_tokens=Pmf.from_masses(entry["output_tokens"]["values"], entry["output_tokens"]["masses"]),
-                reason_ratio=Pmf.from_masses(entry["reason_ratio"]["values"], entry["reason_ratio"]["masses"])))
+            windows.append(
+                ClientWindow(
+                    client=int(entry["client"]),
+                    window_start_s=int(entry["window_start_s"]),
+                    weight=float(entry["weight"]),
+                    output_tokens=Pmf.from_masses(entry["output_tokens"]["values"], entry["output_tokens"]["masses"]),
+                    reason_ratio=Pmf.from_masses(entry["reason_ratio"]["values"], entry["reason_ratio"]["masses"]),
+                )
+            )
         except TraceError as exc:
             raise TraceError(f"{where}: {exc}") from None
         except (KeyError, TypeError, ValueError) as exc:
@@ -470,9 +492,14 @@ def _bundled() -> ServeGenLengths:
 # Applying lengths to a trace
 
 
-def apply_reasoning_lengths(requests: Sequence[TraceRequest], source: str, *, seed: int,
-                            servegen: ServeGenLengths | None,
-                            hour_of_day: float | None = None) -> list[TraceRequest]:
+def apply_reasoning_lengths(
+    requests: Sequence[TraceRequest],
+    source: str,
+    *,
+    seed: int,
+    servegen: ServeGenLengths | None,
+    hour_of_day: float | None = None,
+) -> list[TraceRequest]:
     """Give every request its thinking/answer split by ``source``:
 
     * ``trace``: keep the trace's split; every request must have one.
@@ -503,15 +530,19 @@ def apply_reasoning_lengths(requests: Sequence[TraceRequest], source: str, *, se
     if source == "servegen-ratio":
         output = np.asarray([r.num_output_tokens for r in requests], dtype=np.int64)
     think, answer = split_output(output, ratio)
-    return [replace(r, num_output_tokens=int(t + a), num_think_tokens=int(t), num_answer_tokens=int(a))
-            for r, t, a in zip(requests, think, answer)]
+    return [
+        replace(r, num_output_tokens=int(t + a), num_think_tokens=int(t), num_answer_tokens=int(a))
+        for r, t, a in zip(requests, think, answer)
+    ]
 
 
 def _keep_trace_split(requests: Sequence[TraceRequest]) -> list[TraceRequest]:
     for r in requests:
         if not r.has_split:
-            raise TraceError(f"reasoning source 'trace' needs a thinking/answer split in the trace, but request "
-                             f"{r.req_id!r} (source {r.source!r}) has none; use 'servegen' or 'servegen-ratio'")
+            raise TraceError(
+                f"reasoning source 'trace' needs a thinking/answer split in the trace, but request "
+                f"{r.req_id!r} (source {r.source!r}) has none; use 'servegen' or 'servegen-ratio'"
+            )
     return list(requests)
 
 
@@ -535,10 +566,14 @@ def describe(source: str, seed: int, servegen: ServeGenLengths | None = None) ->
     if source == "none":
         return "no reasoning: every request's output is answer tokens (no thinking phase)"
     if source == "servegen":
-        return (f"real arrivals + production-derived reasoning lengths: {CITATION}, output length and "
-                f"reasoning ratio sampled independently within a client-window, seed {seed}{coarse}")
+        return (
+            f"real arrivals + production-derived reasoning lengths: {CITATION}, output length and "
+            f"reasoning ratio sampled independently within a client-window, seed {seed}{coarse}"
+        )
     if source == "servegen-ratio":
-        return (f"real arrivals and output lengths + production-derived reasoning split: reasoning ratio "
-                f"sampled from a {CITATION} client-window and applied to the trace's output length, "
-                f"seed {seed}{coarse}")
+        return (
+            f"real arrivals and output lengths + production-derived reasoning split: reasoning ratio "
+            f"sampled from a {CITATION} client-window and applied to the trace's output length, "
+            f"seed {seed}{coarse}"
+        )
     raise TraceError(f"unknown reasoning source {source!r}; expected one of {', '.join(REASONING_SOURCES)}")

@@ -1,4 +1,4 @@
-"""Replay metrics and reports: the per-policy summary of DESIGN §4, the terminal table, the JSON
+"""Replay metrics and reports: the per-policy summary of docs/request-life.md §4, the terminal table, the JSON
 file and the PNG plots.
 
 It owns the reduction from per-request reports (the observer core's ledgers, one definition for
@@ -14,8 +14,8 @@ request, counted in ``shed`` (and by who shed it in ``shed_by``), never a failur
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +57,23 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         queue_cap=result.queue_cap,
         device_utilization=run.device_busy_ms / max(run.clock_ms, 1e-9),
         answer_preemption_alarms=run.num_answer_preemption_alarms,
-        kv_tier={"loads": run.num_tier_loads, "loaded_tokens": run.num_tier_loaded_tokens,
-                 "restored_resumes": run.num_restored_resumes, "restore_plans": run.restore_counters,
-                 "stored_preemptions": run.num_stored_preemptions,
-                 "stored_restored_resumes": run.num_stored_restored_resumes,
-                 "resumes": run.num_resumes, "resumed_tokens": run.resumed_tokens,
-                 "resumed_device_hit_tokens": run.resumed_device_hit_tokens,
-                 "resumed_tier_hit_tokens": run.resumed_tier_hit_tokens},
-        prefix_cache={"queries": run.prefix_cache_queries, "hits": run.prefix_cache_hits,
-                      "hit_rate": run.prefix_cache_hits / run.prefix_cache_queries if run.prefix_cache_queries else None},
+        kv_tier={
+            "loads": run.num_tier_loads,
+            "loaded_tokens": run.num_tier_loaded_tokens,
+            "restored_resumes": run.num_restored_resumes,
+            "restore_plans": run.restore_counters,
+            "stored_preemptions": run.num_stored_preemptions,
+            "stored_restored_resumes": run.num_stored_restored_resumes,
+            "resumes": run.num_resumes,
+            "resumed_tokens": run.resumed_tokens,
+            "resumed_device_hit_tokens": run.resumed_device_hit_tokens,
+            "resumed_tier_hit_tokens": run.resumed_tier_hit_tokens,
+        },
+        prefix_cache={
+            "queries": run.prefix_cache_queries,
+            "hits": run.prefix_cache_hits,
+            "hit_rate": run.prefix_cache_hits / run.prefix_cache_queries if run.prefix_cache_queries else None,
+        },
     )
     return summary
 
@@ -138,9 +146,11 @@ def _summarize_group(timelines: Sequence[Timeline], duration_s: float) -> dict[s
         # The same, by the target the request was shed for (a TTFAT shed is judged while the
         # request thinks, so its notice comes after the TTFT target but before the TTFAT one).
         shed_notice_ms_by_reason={
-            reason: percentile_summary([t.report.e2e_ms for t in shed
-                                        if t.report and t.report.e2e_ms is not None and shed_reason(t) == reason])
-            for reason in SHED_REASONS},
+            reason: percentile_summary(
+                [t.report.e2e_ms for t in shed if t.report and t.report.e2e_ms is not None and shed_reason(t) == reason]
+            )
+            for reason in SHED_REASONS
+        },
         thinking_tokens=sum(r.num_think_tokens for r in reports),
         thinking_stops=sum(1 for t in timelines if t.thinking_stopped_by is not None),
         preemptions={
@@ -216,21 +226,30 @@ def table(summaries: Sequence[dict[str, Any]], baseline: str | None = "vllm-fcfs
     if tiered:
         lines.append(
             "host KV tier: "
-            + ", ".join(f"{s['policy']} {s['kv_tier']['restored_resumes']} of {sum(s['preemptions'].values())} "
-                        f"preempted requests restored ({s['kv_tier']['loaded_tokens']:,} tokens loaded)" for s in tiered)
+            + ", ".join(
+                f"{s['policy']} {s['kv_tier']['restored_resumes']} of {sum(s['preemptions'].values())} "
+                f"preempted requests restored ({s['kv_tier']['loaded_tokens']:,} tokens loaded)"
+                for s in tiered
+            )
         )
     shed = [s for s in summaries if s.get("shed")]
     if shed:
         lines.append(
             "shed (ended early with a notice, counted as missed): "
-            + ", ".join(f"{s['policy']} {s['shed']} of {s['submitted']} requests{_refusals(s)}, notice p50 "
-                        f"{_fmt((s.get('shed_notice_ms') or {}).get('p50'), 1000)} s" for s in shed)
+            + ", ".join(
+                f"{s['policy']} {s['shed']} of {s['submitted']} requests{_refusals(s)}, notice p50 "
+                f"{_fmt((s.get('shed_notice_ms') or {}).get('p50'), 1000)} s"
+                for s in shed
+            )
         )
     stopped = [s for s in summaries if s.get("thinking_stops")]
     if stopped:
         lines.append(
             "thinking control ended reasoning early: "
-            + ", ".join(f"{s['policy']} {s['thinking_stops']} requests ({s['thinking_tokens']:,} thinking tokens)" for s in stopped)
+            + ", ".join(
+                f"{s['policy']} {s['thinking_stops']} requests ({s['thinking_tokens']:,} thinking tokens)"
+                for s in stopped
+            )
         )
     return "\n".join(lines)
 

@@ -27,8 +27,20 @@ from meridian._core import Config
 from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
 from meridian.replay.policies import (
-    POLICIES, TUNED_VALVE, TUNED_VALVE_BASE, HostTier, WorkloadMeans, best_queue_cap, check_policy_name,
-    ReplayResult, effective_seats, policy_spec, queue_cap_grid, refined_queue_caps, replay_engine, replay_policy,
+    POLICIES,
+    TUNED_VALVE,
+    TUNED_VALVE_BASE,
+    HostTier,
+    ReplayResult,
+    WorkloadMeans,
+    best_queue_cap,
+    check_policy_name,
+    effective_seats,
+    policy_spec,
+    queue_cap_grid,
+    refined_queue_caps,
+    replay_engine,
+    replay_policy,
     with_queue_cap,
 )
 from meridian.replay.profiles import Profile
@@ -37,7 +49,10 @@ from meridian.replay.workload import model_dir_for, offline_requests
 
 #: The bundled trace excerpt ``meridian replay`` and the demo use when no trace is given.
 DATA_DIR = Path(__file__).resolve().parent / "data"
-DEFAULT_TRACES = (DATA_DIR / "AzureLLMInferenceTrace_code_excerpt.csv", DATA_DIR / "AzureLLMInferenceTrace_conv_excerpt.csv")
+DEFAULT_TRACES = (
+    DATA_DIR / "AzureLLMInferenceTrace_code_excerpt.csv",
+    DATA_DIR / "AzureLLMInferenceTrace_conv_excerpt.csv",
+)
 #: How the default excerpt maps its two sources onto SLO classes.
 DEFAULT_CLASS_RULE = "by-source:code=interactive,conv=standard"
 DEFAULT_PROFILE = "h200-qwen3-32b"
@@ -88,8 +103,12 @@ class ReplayOptions:
 #: (enough load for queues to form: stock FCFS meets about two thirds of its targets), every
 #: scheduler (vLLM's load valve left out: the demo's timing and text were set without it);
 #: about 75 s of replay on two cores, under two minutes with vLLM's import.
-DEMO_OPTIONS = ReplayOptions(duration_s=25.0, rate_scales=(0.08,), progress=False,
-                             policies=tuple(name for name, spec in POLICIES.items() if not spec.valve))
+DEMO_OPTIONS = ReplayOptions(
+    duration_s=25.0,
+    rate_scales=(0.08,),
+    progress=False,
+    policies=tuple(name for name, spec in POLICIES.items() if not spec.valve),
+)
 
 
 @dataclass
@@ -131,7 +150,9 @@ def build_workload(options: ReplayOptions) -> tuple[list[traces.TraceRequest], d
     servegen = None
     if source.startswith("servegen"):
         servegen = (
-            reasoning.ServeGenLengths.load(options.servegen_dir) if options.servegen_dir else reasoning.ServeGenLengths.default()
+            reasoning.ServeGenLengths.load(options.servegen_dir)
+            if options.servegen_dir
+            else reasoning.ServeGenLengths.default()
         )
     requests = reasoning.apply_reasoning_lengths(requests, source, seed=options.seed, servegen=servegen)
     rule = options.classes or (DEFAULT_CLASS_RULE if tuple(options.traces) == DEFAULT_TRACES else "trace")
@@ -187,8 +208,9 @@ def _run_one(
     config = Config.from_json(json.dumps(meridian_config))
     spec = policy_spec(policy)
     offline = offline_requests(scaled, profile, config)
-    engine_options = dict(meridian_config=meridian_config, model_dir=model_dir_for(profile, cache_dir), progress=tick,
-                          host_tier=host_tier)
+    engine_options: dict[str, Any] = dict(
+        meridian_config=meridian_config, model_dir=model_dir_for(profile, cache_dir), progress=tick, host_tier=host_tier
+    )
     num_engines, router, attempts = fleet
     if num_engines <= 1:
         return policy_run(replay_policy(spec, offline, profile, **engine_options), rate_scale)
@@ -197,8 +219,9 @@ def _run_one(
     engines = [replay_engine(spec, [], profile, **engine_options) for _ in range(num_engines)]
     run = replay_fleet(engines, offline, Router(router, num_engines, seed=0), Retries(attempts=attempts))
     result = policy_run(ReplayResult(spec.name, run.client_run()), rate_scale)
-    result.summary.update(fleet=num_engines, router=router, retries=run.num_retries,
-                          good_per_engine=result.summary["good"] / num_engines)
+    result.summary.update(
+        fleet=num_engines, router=router, retries=run.num_retries, good_per_engine=result.summary["good"] / num_engines
+    )
     return result
 
 
@@ -208,8 +231,16 @@ _WORK: dict[str, Any] = {}
 
 def _worker(job: tuple[str, float]) -> PolicyRun:
     queue = _WORK["queue"]
-    return _run_one(*job, _WORK["requests"], _WORK["profile"], _WORK["config"], _WORK["cache_dir"], _WORK["host_tier"],
-                    queue.put, _WORK["fleet"])
+    return _run_one(
+        *job,
+        _WORK["requests"],
+        _WORK["profile"],
+        _WORK["config"],
+        _WORK["cache_dir"],
+        _WORK["host_tier"],
+        queue.put,
+        _WORK["fleet"],
+    )
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:
@@ -225,8 +256,15 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     if options.fleet > 1:
         workload["fleet"] = {"engines": options.fleet, "router": options.router, "attempts": options.retry_attempts}
     workload["rate_scales"] = list(options.rate_scales)
-    workload["host_tier"] = None if host_tier is None else {
-        "gib": options.host_tier_gib, "num_blocks": host_tier.num_blocks, "load_ms_per_token": host_tier.load_ms_per_token}
+    workload["host_tier"] = (
+        None
+        if host_tier is None
+        else {
+            "gib": options.host_tier_gib,
+            "num_blocks": host_tier.num_blocks,
+            "load_ms_per_token": host_tier.load_ms_per_token,
+        }
+    )
     plain = [(policy, scale) for scale in options.rate_scales for policy in options.policies if policy != TUNED_VALVE]
     grid = tuned_valve_caps(requests, profile, options.meridian_config) if TUNED_VALVE in options.policies else []
     valve = POLICIES[TUNED_VALVE_BASE]
@@ -235,9 +273,12 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     def execute(jobs: list[tuple[str, float]]) -> list[PolicyRun]:
         num_workers = min(len(jobs), options.jobs or (os.cpu_count() or 1))
         if num_workers <= 1:
-            return [_run_one(p, s, requests, profile, options.meridian_config, options.cache_dir, host_tier, bar.update,
-                             fleet)
-                    for p, s in jobs]
+            return [
+                _run_one(
+                    p, s, requests, profile, options.meridian_config, options.cache_dir, host_tier, bar.update, fleet
+                )
+                for p, s in jobs
+            ]
         return _run_parallel(jobs, requests, profile, host_tier, options, num_workers, bar.update)
 
     try:
@@ -249,8 +290,10 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
             jobs = [(with_queue_cap(valve, c).name, scale) for scale, caps in caps_of.items() for c in caps]
             for (_name, scale), run, cap in zip(jobs, execute(jobs), [c for caps in caps_of.values() for c in caps]):
                 tuned[scale][cap] = run
-            caps_of = {scale: refined_queue_caps({c: int(r.summary["good"]) for c, r in tuned[scale].items()})
-                       for scale in options.rate_scales}
+            caps_of = {
+                scale: refined_queue_caps({c: int(r.summary["good"]) for c, r in tuned[scale].items()})
+                for scale in options.rate_scales
+            }
     finally:
         bar.close()
     return ReplayReport(workload=workload, profile=profile, runs=_in_order(runs, tuned, options))
@@ -269,8 +312,9 @@ def check_fleet(options: ReplayOptions) -> tuple[int, str, int]:
     return options.fleet, options.router, options.retry_attempts
 
 
-def tuned_valve_caps(requests: Sequence[traces.TraceRequest], profile: Profile,
-                     meridian_config: dict[str, Any]) -> list[int]:
+def tuned_valve_caps(
+    requests: Sequence[traces.TraceRequest], profile: Profile, meridian_config: dict[str, Any]
+) -> list[int]:
     """The caps the tuned valve tries on this workload (``queue_cap_grid`` around the seats its
     KV cache holds; caps at or above the number of requests never bind, one of them is kept)."""
     offline = offline_requests(list(requests), profile, Config.from_json(json.dumps(meridian_config)))
@@ -278,7 +322,9 @@ def tuned_valve_caps(requests: Sequence[traces.TraceRequest], profile: Profile,
     return queue_cap_grid(seats, never_binds_at=max(len(requests), 1))
 
 
-def _in_order(runs: list[PolicyRun], tuned: dict[float, dict[int, PolicyRun]], options: ReplayOptions) -> list[PolicyRun]:
+def _in_order(
+    runs: list[PolicyRun], tuned: dict[float, dict[int, PolicyRun]], options: ReplayOptions
+) -> list[PolicyRun]:
     """The runs in ``options.policies`` order per load, the tuned valve's runs folded into one
     per load: the cap that met every target for the most requests (``best_queue_cap``)."""
     out: list[PolicyRun] = []
@@ -289,8 +335,11 @@ def _in_order(runs: list[PolicyRun], tuned: dict[float, dict[int, PolicyRun]], o
                 continue
             caps = tuned[scale]
             best = caps[best_queue_cap({cap: int(r.summary["good"]) for cap, r in caps.items()})]
-            summary = {**best.summary, "policy": TUNED_VALVE,
-                       "tuned_queue_caps": {str(cap): int(r.summary["good"]) for cap, r in sorted(caps.items())}}
+            summary = {
+                **best.summary,
+                "policy": TUNED_VALVE,
+                "tuned_queue_caps": {str(cap): int(r.summary["good"]) for cap, r in sorted(caps.items())},
+            }
             out.append(dataclasses.replace(best, policy=TUNED_VALVE, summary=summary))
     return out
 
@@ -308,8 +357,15 @@ def _run_parallel(
 
     context = multiprocessing.get_context("fork")
     queue = context.SimpleQueue()
-    _WORK.update(requests=requests, profile=profile, config=options.meridian_config, cache_dir=options.cache_dir,
-                 host_tier=host_tier, queue=queue, fleet=check_fleet(options))
+    _WORK.update(
+        requests=requests,
+        profile=profile,
+        config=options.meridian_config,
+        cache_dir=options.cache_dir,
+        host_tier=host_tier,
+        queue=queue,
+        fleet=check_fleet(options),
+    )
     done = threading.Event()
 
     def pump() -> None:
@@ -376,8 +432,10 @@ def render(report: ReplayReport) -> str:
     ]
     tier = report.workload.get("host_tier")
     if tier is not None:
-        lines.append(f"host KV tier: {tier['gib']:g} GiB ({tier['num_blocks']} blocks), loads at "
-                     f"{tier['load_ms_per_token'] * 1000:.2f} µs per token")
+        lines.append(
+            f"host KV tier: {tier['gib']:g} GiB ({tier['num_blocks']} blocks), loads at "
+            f"{tier['load_ms_per_token'] * 1000:.2f} µs per token"
+        )
     for scale in report.rate_scales:
         lines += ["", f"rate scale ×{scale:g}", table([r.summary for r in report.at(scale)])]
     return "\n".join(lines)

@@ -60,8 +60,14 @@ _MIX_RULES = ("mix:interactive=0.3,standard=0.5,batch=0.2", "fixed:standard", "f
 
 def families(shared: Path | None = None) -> list[Family]:
     """The bundled excerpt always; the public traces when ``shared`` has them."""
-    out = [Family("azure-excerpt", tuple(DEFAULT_TRACES),
-                  ("by-source:code=interactive,conv=standard", *_MIX_RULES), (0.05, 0.6))]
+    out = [
+        Family(
+            "azure-excerpt",
+            tuple(DEFAULT_TRACES),
+            ("by-source:code=interactive,conv=standard", *_MIX_RULES),
+            (0.05, 0.6),
+        )
+    ]
     if shared is None:
         return out
     azure = tuple(shared / "azure_llm_2023" / f"AzureLLMInferenceTrace_{k}.csv" for k in ("code", "conv"))
@@ -161,14 +167,18 @@ def memory_summary(samples: Sequence[FootprintSample]) -> dict[str, Any]:
         return None if a is None or b is None or a == 0 else b / a - 1.0
 
     return {
-        "core_heap_last_change": (None if last.core_heap_bytes is None
-                                  else _since_last_change(samples, lambda s: s.core_heap_bytes)),
+        "core_heap_last_change": (
+            None if last.core_heap_bytes is None else _since_last_change(samples, lambda s: s.core_heap_bytes)
+        ),
         "observer_heap_last_change": _since_last_change(samples, lambda s: s.observer_heap_bytes),
         "warm_step": warm.step,
         "last_step": last.step,
         "requests_between": last.num_finished - warm.num_finished,
-        "core_heap_bytes": [warm.core_heap_bytes, last.core_heap_bytes,
-                            max((s.core_heap_bytes or 0) for s in samples) or None],
+        "core_heap_bytes": [
+            warm.core_heap_bytes,
+            last.core_heap_bytes,
+            max((s.core_heap_bytes or 0) for s in samples) or None,
+        ],
         "core_heap_growth": growth(warm.core_heap_bytes, last.core_heap_bytes),
         "observer_heap_bytes": [warm.observer_heap_bytes, last.observer_heap_bytes],
         "observer_heap_growth": growth(warm.observer_heap_bytes, last.observer_heap_bytes),
@@ -202,7 +212,9 @@ class _Checker:
         scheduler = self.engine.scheduler
         num_tracked = len(scheduler.requests)
         if num_tracked != self.engine.num_in_flight:
-            report.violation(f"vLLM tracks {num_tracked} requests, the engine has {self.engine.num_in_flight} in flight")
+            report.violation(
+                f"vLLM tracks {num_tracked} requests, the engine has {self.engine.num_in_flight} in flight"
+            )
         if self.core is not None and self.core.num_requests != num_tracked:
             report.violation(f"Meridian's core tracks {self.core.num_requests} requests, vLLM {num_tracked}")
         num_free = self.block_pool.get_num_free_blocks()
@@ -256,7 +268,7 @@ class _Checker:
         report.samples.append(self._sample())
 
     def _sample(self) -> FootprintSample:
-        import psutil  # type: ignore[import-untyped]
+        import psutil
 
         core = self.core.footprint() if self.core is not None else None
         return FootprintSample(
@@ -283,8 +295,14 @@ class Segment:
     seed: int
 
     def describe(self) -> dict[str, Any]:
-        return {"family": self.family.name, "start_s": round(self.start_s, 1), "window_s": round(self.window_s, 1),
-                "rate_scale": round(self.rate_scale, 4), "class_rule": self.class_rule, "seed": self.seed}
+        return {
+            "family": self.family.name,
+            "start_s": round(self.start_s, 1),
+            "window_s": round(self.window_s, 1),
+            "rate_scale": round(self.rate_scale, 4),
+            "class_rule": self.class_rule,
+            "seed": self.seed,
+        }
 
 
 class _Segments:
@@ -325,14 +343,23 @@ class _Segments:
         requests = reasoning.apply_reasoning_lengths(requests, "servegen", seed=segment.seed, servegen=self.servegen)
         requests = traces.assign_classes(requests, segment.class_rule, segment.seed)
         requests = traces.scale_rate(requests, segment.rate_scale)
-        requests = [dataclasses.replace(r, req_id=f"s{segment.index}-{r.req_id}", arrival_ms=r.arrival_ms + offset_ms)
-                    for r in requests]
+        requests = [
+            dataclasses.replace(r, req_id=f"s{segment.index}-{r.req_id}", arrival_ms=r.arrival_ms + offset_ms)
+            for r in requests
+        ]
         return offline_requests(requests, self.profile, self.config)
 
 
-def run_soak(policy: str, num_steps: int, *, seed: int = 0, profile: str = "h200-qwen3-32b",
-             cache_dir: Path = Path(".cache"), shared: Path | None = None,
-             scheduler_cls: type[Any] | None = None) -> SoakReport:
+def run_soak(
+    policy: str,
+    num_steps: int,
+    *,
+    seed: int = 0,
+    profile: str = "h200-qwen3-32b",
+    cache_dir: Path = Path(".cache"),
+    shared: Path | None = None,
+    scheduler_cls: type[Any] | None = None,
+) -> SoakReport:
     """Soaks one policy for at least ``num_steps`` engine steps (it stops at the first drain
     past them); ``shared``: the folder of the public traces (``../shared/traces``), else the
     bundled excerpt only; ``scheduler_cls``: a subclass of the policy's scheduler class to soak
@@ -348,8 +375,14 @@ def run_soak(policy: str, num_steps: int, *, seed: int = 0, profile: str = "h200
     config = Config.from_json(json.dumps(meridian_config))
     report = SoakReport(policy=policy, seed=seed)
     started = time.perf_counter()
-    engine = replay_engine(spec, [], loaded, meridian_config=meridian_config, model_dir=model_dir_for(loaded, cache_dir),
-                           scheduler_cls=scheduler_cls)
+    engine = replay_engine(
+        spec,
+        [],
+        loaded,
+        meridian_config=meridian_config,
+        model_dir=model_dir_for(loaded, cache_dir),
+        scheduler_cls=scheduler_cls,
+    )
     checker = _Checker(engine, report)
     engine.after_step = checker.after_step
     segments = _Segments(seed, loaded, config, shared)

@@ -134,8 +134,9 @@ def _split_problem(output: int, think: int | None, answer: int | None) -> str | 
     if not _is_int(answer) or answer < 1:
         return f"'num_answer_tokens' must be a positive integer, got {answer!r}"
     if think + answer != output:
-        return (f"'num_think_tokens' + 'num_answer_tokens' = {think} + {answer} must equal "
-                f"'num_output_tokens' = {output}")
+        return (
+            f"'num_think_tokens' + 'num_answer_tokens' = {think} + {answer} must equal 'num_output_tokens' = {output}"
+        )
     return None
 
 
@@ -150,8 +151,10 @@ def _hash_problem(prompt: int, hashes: tuple[int, ...], block_size: int | None) 
         return f"'hash_block_size' must be a positive integer when hashes are given, got {block_size!r}"
     expected = math.ceil(prompt / block_size)
     if len(hashes) != expected:
-        return (f"'prefix_block_hashes' has {len(hashes)} entries, but {prompt} prompt tokens in "
-                f"blocks of {block_size} need ceil({prompt}/{block_size}) = {expected}")
+        return (
+            f"'prefix_block_hashes' has {len(hashes)} entries, but {prompt} prompt tokens in "
+            f"blocks of {block_size} need ceil({prompt}/{block_size}) = {expected}"
+        )
     return None
 
 
@@ -218,8 +221,10 @@ def _check_order(previous: tuple[float, int] | None, now: float, key: str, loc: 
     """Arrivals must be non-decreasing: a replay needs them in order, and sorting silently would
     hide a corrupted or concatenated file."""
     if previous is not None and now < previous[0]:
-        raise TraceError(f"{loc}: {key!r} {now:g} is earlier than line {previous[1]}'s {previous[0]:g}; "
-                         f"the trace must be sorted by arrival time")
+        raise TraceError(
+            f"{loc}: {key!r} {now:g} is earlier than line {previous[1]}'s {previous[0]:g}; "
+            f"the trace must be sorted by arrival time"
+        )
 
 
 def _open_text(path: Path) -> Iterator[tuple[int, str]]:
@@ -285,17 +290,28 @@ def _read_mooncake(path: Path) -> _Loaded:
         hashes = _json_int_list(obj, "hash_ids", loc)
         blocks = math.ceil(prompt / MOONCAKE_BLOCK_SIZE)
         if len(hashes) != blocks:
-            raise TraceError(f"{loc}: 'hash_ids' has {len(hashes)} entries, but input_length {prompt} needs "
-                             f"ceil({prompt}/{MOONCAKE_BLOCK_SIZE}) = {blocks}")
+            raise TraceError(
+                f"{loc}: 'hash_ids' has {len(hashes)} entries, but input_length {prompt} needs "
+                f"ceil({prompt}/{MOONCAKE_BLOCK_SIZE}) = {blocks}"
+            )
         rows.append((lineno, loc, timestamp, prompt, output, hashes))
     origin = rows[0][2] if rows else 0.0
     requests = []
     for lineno, loc, timestamp, prompt, output, hashes in rows:
         with _at(loc):
-            requests.append(TraceRequest(
-                req_id=f"mooncake-{lineno}", arrival_ms=timestamp - origin, num_prompt_tokens=prompt,
-                num_output_tokens=output, num_think_tokens=None, num_answer_tokens=None, source="mooncake",
-                prefix_block_hashes=hashes, hash_block_size=MOONCAKE_BLOCK_SIZE))
+            requests.append(
+                TraceRequest(
+                    req_id=f"mooncake-{lineno}",
+                    arrival_ms=timestamp - origin,
+                    num_prompt_tokens=prompt,
+                    num_output_tokens=output,
+                    num_think_tokens=None,
+                    num_answer_tokens=None,
+                    source="mooncake",
+                    prefix_block_hashes=hashes,
+                    hash_block_size=MOONCAKE_BLOCK_SIZE,
+                )
+            )
     return _Loaded(_empty_check(path, requests), wall_origin_ns=None)
 
 
@@ -375,8 +391,10 @@ def _read_azure(path: Path) -> _Loaded:
             raise TraceError(f"{loc}: expected {len(AZURE_HEADER)} comma-separated fields, got {len(fields)}")
         stamp_ns = _parse_azure_timestamp(fields[0], loc)
         if previous is not None and stamp_ns < previous[0]:
-            raise TraceError(f"{loc}: 'TIMESTAMP' {fields[0].strip()!r} is earlier than line {previous[1]}'s "
-                             f"{previous[2]!r}; the trace must be sorted by arrival time")
+            raise TraceError(
+                f"{loc}: 'TIMESTAMP' {fields[0].strip()!r} is earlier than line {previous[1]}'s "
+                f"{previous[2]!r}; the trace must be sorted by arrival time"
+            )
         previous = (stamp_ns, lineno, fields[0].strip())
         prompt = _text_int(fields[1], "ContextTokens", loc, 1)
         output = _text_int(fields[2], "GeneratedTokens", loc, 0)
@@ -385,24 +403,46 @@ def _read_azure(path: Path) -> _Loaded:
             continue
         rows.append((lineno, loc, stamp_ns, prompt, output))
     if skipped:
-        warnings.warn(f"{path}: skipped {len(skipped)} row(s) with GeneratedTokens = 0 (first at line "
-                      f"{skipped[0]}): nothing to decode", TraceWarning, stacklevel=3)
+        warnings.warn(
+            f"{path}: skipped {len(skipped)} row(s) with GeneratedTokens = 0 (first at line "
+            f"{skipped[0]}): nothing to decode",
+            TraceWarning,
+            stacklevel=3,
+        )
     source = _azure_source(path)
     origin_ns = rows[0][2] if rows else 0
     requests = []
     for lineno, loc, stamp_ns, prompt, output in rows:
         with _at(loc):
-            requests.append(TraceRequest(
-                req_id=f"{source}-{lineno}", arrival_ms=(stamp_ns - origin_ns) / 1e6, num_prompt_tokens=prompt,
-                num_output_tokens=output, num_think_tokens=None, num_answer_tokens=None, source=source))
+            requests.append(
+                TraceRequest(
+                    req_id=f"{source}-{lineno}",
+                    arrival_ms=(stamp_ns - origin_ns) / 1e6,
+                    num_prompt_tokens=prompt,
+                    num_output_tokens=output,
+                    num_think_tokens=None,
+                    num_answer_tokens=None,
+                    source=source,
+                )
+            )
     return _Loaded(_empty_check(path, requests), wall_origin_ns=origin_ns)
 
 
 # --------------------------------------------------------------------------------------------
 # Meridian's own JSONL
 
-_MERIDIAN_KEYS = ("req_id", "arrival_ms", "num_prompt_tokens", "num_output_tokens", "num_think_tokens",
-                  "num_answer_tokens", "slo_class", "source", "prefix_block_hashes", "hash_block_size")
+_MERIDIAN_KEYS = (
+    "req_id",
+    "arrival_ms",
+    "num_prompt_tokens",
+    "num_output_tokens",
+    "num_think_tokens",
+    "num_answer_tokens",
+    "slo_class",
+    "source",
+    "prefix_block_hashes",
+    "hash_block_size",
+)
 
 
 def _reject_unknown_keys(obj: dict[str, Any], loc: str) -> None:
@@ -427,16 +467,18 @@ def _meridian_lengths(obj: dict[str, Any], loc: str) -> tuple[int, int | None, i
         raise TraceError(f"{loc}: missing key {missing!r} (num_think_tokens and num_answer_tokens go together)")
     if not has_think:
         if not _present(obj, "num_output_tokens"):
-            raise TraceError(f"{loc}: missing key 'num_output_tokens' (or the pair num_think_tokens, "
-                             f"num_answer_tokens)")
+            raise TraceError(
+                f"{loc}: missing key 'num_output_tokens' (or the pair num_think_tokens, num_answer_tokens)"
+            )
         return _json_int(obj, "num_output_tokens", loc, 1), None, None
     think = _json_int(obj, "num_think_tokens", loc, 0)
     answer = _json_int(obj, "num_answer_tokens", loc, 1)
     if _present(obj, "num_output_tokens"):
         output = _json_int(obj, "num_output_tokens", loc, 1)
         if output != think + answer:
-            raise TraceError(f"{loc}: 'num_output_tokens' {output} != num_think_tokens + num_answer_tokens "
-                             f"= {think + answer}")
+            raise TraceError(
+                f"{loc}: 'num_output_tokens' {output} != num_think_tokens + num_answer_tokens = {think + answer}"
+            )
     return think + answer, think, answer
 
 
@@ -482,17 +524,30 @@ def _read_meridian(path: Path) -> _Loaded:
             raise TraceError(f"{loc}: 'source' must be a string, got {source!r}")
         prompt = _json_int(obj, "num_prompt_tokens", loc, 1)
         with _at(loc):
-            requests.append(TraceRequest(
-                req_id=req_id, arrival_ms=arrival - origin, num_prompt_tokens=prompt, num_output_tokens=output,
-                num_think_tokens=think, num_answer_tokens=answer,
-                slo_class=_json_str(obj, "slo_class", loc) if _present(obj, "slo_class") else None,
-                source=source, prefix_block_hashes=hashes, hash_block_size=block_size))
+            requests.append(
+                TraceRequest(
+                    req_id=req_id,
+                    arrival_ms=arrival - origin,
+                    num_prompt_tokens=prompt,
+                    num_output_tokens=output,
+                    num_think_tokens=think,
+                    num_answer_tokens=answer,
+                    slo_class=_json_str(obj, "slo_class", loc) if _present(obj, "slo_class") else None,
+                    source=source,
+                    prefix_block_hashes=hashes,
+                    hash_block_size=block_size,
+                )
+            )
     return _Loaded(_empty_check(path, requests), wall_origin_ns=None)
 
 
 def _meridian_record(r: TraceRequest) -> dict[str, Any]:
-    record: dict[str, Any] = {"req_id": r.req_id, "arrival_ms": r.arrival_ms,
-                              "num_prompt_tokens": r.num_prompt_tokens, "num_output_tokens": r.num_output_tokens}
+    record: dict[str, Any] = {
+        "req_id": r.req_id,
+        "arrival_ms": r.arrival_ms,
+        "num_prompt_tokens": r.num_prompt_tokens,
+        "num_output_tokens": r.num_output_tokens,
+    }
     if r.has_split:
         record["num_think_tokens"] = r.num_think_tokens
         record["num_answer_tokens"] = r.num_answer_tokens
@@ -578,8 +633,9 @@ def load_traces(paths: Sequence[PathLike], format: str | None = None) -> list[Tr
     ids = [r.req_id for _t, _k, _i, r in merged]
     prefix = len(set(ids)) != len(ids)
     origin = merged[0][0]
-    return [replace(r, arrival_ms=t - origin, req_id=f"{k}/{r.req_id}" if prefix else r.req_id)
-            for t, k, _i, r in merged]
+    return [
+        replace(r, arrival_ms=t - origin, req_id=f"{k}/{r.req_id}" if prefix else r.req_id) for t, k, _i, r in merged
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -697,7 +753,9 @@ def assign_classes(requests: Sequence[TraceRequest], rule: str, seed: int) -> li
         unmapped = sorted({r.source for r in requests} - mapping.keys())
         if unmapped:
             present = ", ".join(sorted({repr(r.source) for r in requests}))
-            raise TraceError(f"class rule {rule!r} maps no class for source(s) {', '.join(map(repr, unmapped))} "
-                             f"(sources in the trace: {present})")
+            raise TraceError(
+                f"class rule {rule!r} maps no class for source(s) {', '.join(map(repr, unmapped))} "
+                f"(sources in the trace: {present})"
+            )
         return [replace(r, slo_class=mapping[r.source]) for r in requests]
     raise TraceError(f"unknown class rule {rule!r}; expected {_RULE_FORMS}")

@@ -48,15 +48,17 @@ def offline_requests(requests: list[TraceRequest], profile: Profile, config: Con
     for trace in requests:
         slo_class = trace.slo_class or config.default_class
         script = ScriptedModel(trace, slo_class, controls[slo_class], followed[slo_class])
-        out.append(OfflineRequest(
-            req_id=trace.req_id,
-            arrival_ms=trace.arrival_ms,
-            prompt_token_ids=prompt_token_ids(trace),
-            max_tokens=profile.max_model_len - trace.num_prompt_tokens,
-            script=script,
-            slo_class=slo_class,
-            priority=ranks[slo_class],
-        ))
+        out.append(
+            OfflineRequest(
+                req_id=trace.req_id,
+                arrival_ms=trace.arrival_ms,
+                prompt_token_ids=prompt_token_ids(trace),
+                max_tokens=profile.max_model_len - trace.num_prompt_tokens,
+                script=script,
+                slo_class=slo_class,
+                priority=ranks[slo_class],
+            )
+        )
     return out
 
 
@@ -173,4 +175,6 @@ def prompt_token_ids(trace: TraceRequest) -> list[int]:
 def model_dir_for(profile: Profile, cache_dir: Path) -> Path:
     """A tokenizer/config folder vLLM's config classes accept for ``profile``'s context length
     (the replay never runs the model; vLLM reads its vocabulary and limits)."""
-    return write_tiny_model(cache_dir / f"replay-model-{profile.max_model_len}", max_position_embeddings=profile.max_model_len)
+    return write_tiny_model(
+        cache_dir / f"replay-model-{profile.max_model_len}", max_position_embeddings=profile.max_model_len
+    )

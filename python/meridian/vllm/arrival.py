@@ -15,6 +15,7 @@ which the core stops trusting once they are ``STALE_SNAPSHOT_MS`` old.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -71,10 +72,8 @@ class ArrivalPublisher:
             self._failed = True
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self._path.unlink(missing_ok=True)
-        except OSError:
-            pass
 
 
 class ArrivalReader:

@@ -21,6 +21,7 @@ bind the socket or plant the file under the pid-derived name first and steer the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -68,11 +69,15 @@ def private_dir(path: Path) -> Path:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
         problem = unsafe_dir_problem(path)
     except OSError as exc:
-        raise ConfigError(f"cannot create Meridian's folder {str(path)!r} ({exc}); point {BUS_DIR_ENV} at a "
-                          f"folder this user can write") from exc
+        raise ConfigError(
+            f"cannot create Meridian's folder {str(path)!r} ({exc}); point {BUS_DIR_ENV} at a "
+            f"folder this user can write"
+        ) from exc
     if problem is not None:
-        raise ConfigError(f"Meridian's folder {str(path)!r} {problem}, so another local user could plant files "
-                          f"in it; point {BUS_DIR_ENV} at a folder only this user can write (mode 0700)")
+        raise ConfigError(
+            f"Meridian's folder {str(path)!r} {problem}, so another local user could plant files "
+            f"in it; point {BUS_DIR_ENV} at a folder only this user can write (mode 0700)"
+        )
     return path
 
 
@@ -208,10 +213,8 @@ class SchedulerEndpoint:
             self._sock.close()
             self._sock = None
         for path in (_socket_path(self.pid), _state_path(self.pid)):
-            try:
+            with contextlib.suppress(OSError):
                 path.unlink(missing_ok=True)
-            except OSError:
-                pass
 
 
 @dataclass(frozen=True)
@@ -293,8 +296,13 @@ class WorkerEndpoint:
                 return False
             self._trusted = problem is None
             if problem is not None:
-                logger.warning("meridian: the bus folder %s %s; thinking control runs without the scheduler "
-                               "(point %s at a folder only this user can write)", bus_dir(), problem, BUS_DIR_ENV)
+                logger.warning(
+                    "meridian: the bus folder %s %s; thinking control runs without the scheduler "
+                    "(point %s at a folder only this user can write)",
+                    bus_dir(),
+                    problem,
+                    BUS_DIR_ENV,
+                )
         return self._trusted
 
     def _send(self, message_obj: dict[str, object]) -> None:

@@ -11,6 +11,7 @@ plain values, or raises a Meridian error that names the bad input.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from meridian._core import Config
 from meridian.errors import ConfigError
-from meridian.vllm.names import CONFIG_KEY, LOGITS_PROCESSOR
+from meridian.vllm.names import CONFIG_KEY, LOGITS_PROCESSOR, SCHEDULER_CLS
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -88,14 +89,35 @@ def config_from_additional(additional: Any) -> Config:
         raise ConfigError(f"additional_config must be a JSON object, got {type(additional).__name__}")
     block = additional.get(CONFIG_KEY, {})
     if not isinstance(block, dict):
-        raise ConfigError(
-            f"invalid meridian config `{CONFIG_KEY}`: expected a JSON object, got {type(block).__name__}"
-        )
+        raise ConfigError(f"invalid meridian config `{CONFIG_KEY}`: expected a JSON object, got {type(block).__name__}")
     try:
         text = json.dumps(block)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"invalid meridian config `{CONFIG_KEY}`: not JSON-serialisable ({exc})") from exc
     return Config.from_json(text)
+
+
+def runs_meridian_scheduler(vllm_config: VllmConfig) -> bool:
+    """Whether vLLM runs ``MeridianScheduler`` (or a subclass of it) as ``--scheduler-cls``: the one
+    check the middleware, the logits processor and the metrics plugin share. Read from the class
+    path and the class's bases by name, so the API server needs no import of the scheduler; a
+    class path that does not import is not Meridian's."""
+    scheduler_cls = vllm_config.scheduler_config.scheduler_cls
+    if isinstance(scheduler_cls, str):
+        if scheduler_cls == SCHEDULER_CLS:
+            return True
+        module, _, name = scheduler_cls.rpartition(".")
+        try:
+            scheduler_cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return False
+    return isinstance(scheduler_cls, type) and any(
+        f"{base.__module__}.{base.__qualname__}" == _SCHEDULER_DEFINED_AT for base in scheduler_cls.__mro__
+    )
+
+
+#: Where ``MeridianScheduler`` is defined (``SCHEDULER_CLS`` is the path it is exported under).
+_SCHEDULER_DEFINED_AT = "meridian.vllm.scheduler.MeridianScheduler"
 
 
 def processor_configured(vllm_config: VllmConfig) -> bool:

@@ -73,8 +73,7 @@ def requested_class(request: Request) -> str | None:
     value = extra[CLASS_ARG]
     if not isinstance(value, str):
         raise InvalidArgumentError(
-            f"request `{request.request_id}`: {CLASS_ARG} must be a string naming an SLO class, "
-            f"got {value!r}"
+            f"request `{request.request_id}`: {CLASS_ARG} must be a string naming an SLO class, got {value!r}"
         )
     return value
 
@@ -142,7 +141,7 @@ def warm_start(core: Meridian, config: Config, rank: int | None = None) -> tuple
             log.seek(0, os.SEEK_END)
             start = max(0, log.tell() - WARM_START_MAX_BYTES)
             log.seek(start)
-            lines = log.read().splitlines()[1 if start else 0:]  # the first may be cut
+            lines = log.read().splitlines()[1 if start else 0 :]  # the first may be cut
     except OSError as exc:
         raise ConfigError(f"invalid meridian config `{key}`: cannot read {path!r} to warm start from: {exc}") from exc
     learnt = skipped = 0
@@ -150,8 +149,12 @@ def warm_start(core: Meridian, config: Config, rank: int | None = None) -> tuple
         try:
             entry = json.loads(line)
             taught = core.learn_from_history(
-                str(entry["slo_class"]), str(entry["reason"]), entry["ttfat_ms"] is not None,
-                int(entry["num_think_tokens"]), int(entry["num_answer_tokens"]))
+                str(entry["slo_class"]),
+                str(entry["reason"]),
+                entry["ttfat_ms"] is not None,
+                int(entry["num_think_tokens"]),
+                int(entry["num_answer_tokens"]),
+            )
         except (ValueError, KeyError, TypeError, OverflowError, MeridianError):
             taught = False
         learnt += taught

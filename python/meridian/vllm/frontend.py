@@ -73,10 +73,18 @@ from meridian._core import CLASS_ARG, ArrivalGate, parse_shed_notice  # noqa: E4
 from meridian.errors import MeridianError, RequestArgsError  # noqa: E402
 from meridian.vllm import convert  # noqa: E402
 from meridian.vllm.arrival import ArrivalReader  # noqa: E402
-from meridian.vllm.config import config_from_vllm  # noqa: E402
+from meridian.vllm.config import config_from_vllm, runs_meridian_scheduler  # noqa: E402
 from meridian.vllm.names import (  # noqa: E402
-    EFFORT_ARG, EFFORT_FIELD, EFFORT_LEVELS, LOAD_PATH, MIDDLEWARE, REQUEST_ARGS, SCHEDULER_CLS, WAITED_ARG,
-    WAITED_HEADER, XARGS_FIELD,
+    EFFORT_ARG,
+    EFFORT_FIELD,
+    EFFORT_LEVELS,
+    LOAD_PATH,
+    MIDDLEWARE,
+    REQUEST_ARGS,
+    SCHEDULER_CLS,
+    WAITED_ARG,
+    WAITED_HEADER,
+    XARGS_FIELD,
 )
 
 if TYPE_CHECKING:
@@ -159,8 +167,13 @@ class MeridianFrontend:
         except MeridianError:
             pass  # a torn snapshot: the previous ones stay
         body = json.dumps({"load": self._gate.load_tokens}).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
     def _admit(self, body: bytes) -> tuple[str, int] | None:
@@ -182,9 +195,11 @@ class MeridianFrontend:
             if texts is not None:
                 self._gate.set_snapshots(texts)
             slo_class, _, message, retry_after_s = self._gate.decide(
-                time.time() * 1000.0, slo_class if isinstance(slo_class, str) else None,
+                time.time() * 1000.0,
+                slo_class if isinstance(slo_class, str) else None,
                 priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
-                float(waited_ms) if isinstance(waited_ms, (int, float)) else 0.0)
+                float(waited_ms) if isinstance(waited_ms, (int, float)) else 0.0,
+            )
         except (ValueError, RequestArgsError, MeridianError):
             return None
         except Exception:  # noqa: BLE001 - admission never fails a request
@@ -215,10 +230,11 @@ def _server_config(scope: Scope) -> tuple[bool, Config | None]:
     """Whether the server runs MeridianScheduler, and its Meridian configuration."""
     try:
         vllm_config = scope["app"].state.vllm_config
-        if not _runs_meridian_scheduler(vllm_config):
+        if not runs_meridian_scheduler(vllm_config):
             logger.warning(
                 "meridian: %s is configured but vLLM does not run --scheduler-cls %s; it checks nothing",
-                MIDDLEWARE, SCHEDULER_CLS,
+                MIDDLEWARE,
+                SCHEDULER_CLS,
             )
             return False, None
         return True, config_from_vllm(vllm_config)
@@ -233,25 +249,13 @@ def _refusal_metrics(scope: Scope, config: Config) -> ArrivalMetrics | None:
     if not config.metrics:
         return None
     try:
-        from meridian.vllm.metrics import ArrivalMetrics, metrics_dir
+        from meridian.vllm.metrics import ArrivalMetrics, metrics_dir, served_model_name
 
         vllm_config = scope["app"].state.vllm_config
-        return ArrivalMetrics(metrics_dir(vllm_config), vllm_config.model_config.served_model_name, config.class_names)
+        return ArrivalMetrics(metrics_dir(vllm_config), served_model_name(vllm_config), config.class_names)
     except Exception:  # noqa: BLE001 - the refusals still happen, only uncounted
         logger.exception("meridian: cannot count refusals at arrival on /metrics")
         return None
-
-
-def _runs_meridian_scheduler(vllm_config: Any) -> bool:
-    scheduler_cls = vllm_config.scheduler_config.scheduler_cls
-    if scheduler_cls is None:
-        return False
-    if isinstance(scheduler_cls, str) and scheduler_cls == SCHEDULER_CLS:
-        return True
-    from meridian.vllm.scheduler import MeridianScheduler
-
-    resolved = vllm_config.scheduler_config.get_scheduler_cls()
-    return isinstance(resolved, type) and issubclass(resolved, MeridianScheduler)
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -362,10 +366,13 @@ def check_body(body: bytes, config: Config | None) -> None:
     priority = request.get("priority", 0)
     try:
         convert.check_request_args(
-            xargs, config,
-            min(max_tokens, MAX_U32) if isinstance(max_tokens, int) and not isinstance(max_tokens, bool)
-            and max_tokens >= 0 else None,
-            priority if isinstance(priority, int) and not isinstance(priority, bool) else 0)
+            xargs,
+            config,
+            min(max_tokens, MAX_U32)
+            if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= 0
+            else None,
+            priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        )
     except RequestArgsError as exc:
         raise HTTPException(status_code=400, detail=str(exc)) from None
     except Exception:  # noqa: BLE001 - a fault of the check never fails a request; the scheduler checks
@@ -420,7 +427,7 @@ class _ShedAnswer:
 
     def _streaming(self) -> bool:
         headers = dict(self._start.get("headers", ())) if self._start else {}
-        return headers.get(b"content-type", b"").split(b";", 1)[0].strip() == b"text/event-stream"
+        return bool(headers.get(b"content-type", b"").split(b";", 1)[0].strip() == b"text/event-stream")
 
     async def _release(self) -> None:
         self._decided = True
@@ -443,11 +450,20 @@ _ERROR_TYPES = {429: "RateLimitError", 503: "ServiceUnavailableError"}
 async def _send_shed(send: Send, message: str, retry_after_s: int, status: int) -> None:
     """HTTP ``status`` (429 or 503, ``overload.shed_status``) with ``Retry-After`` and an
     OpenAI-style error body carrying the shed notice."""
-    body = json.dumps({"error": {"message": message, "type": _ERROR_TYPES[status], "param": None,
-                                 "code": status}}).encode()
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"retry-after", str(retry_after_s).encode())]})
+    body = json.dumps(
+        {"error": {"message": message, "type": _ERROR_TYPES[status], "param": None, "code": status}}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", str(retry_after_s).encode()),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -520,6 +536,8 @@ def _has_tokens(choice: dict[str, Any]) -> bool:
     for part in parts:
         if isinstance(part, str) and part:
             return True
-        if isinstance(part, dict) and any(part.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls")):
+        if isinstance(part, dict) and any(
+            part.get(k) for k in ("content", "reasoning_content", "reasoning", "tool_calls")
+        ):
             return True
     return False

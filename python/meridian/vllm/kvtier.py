@@ -13,7 +13,7 @@ exercises here is what runs on a GPU. Selected with ``--kv-transfer-config``::
 On CUDA the stock spec does the copies; this one is for platforms without device streams.
 The scheduler side adds Meridian's eviction order to the tier: when a request finishes, the core
 reports the token from which its KV is never reusable (its reasoning and the answer computed
-after it, DESIGN's first eviction tier); ``TierHooks`` (installed by ``MeridianScheduler`` on the
+after it, the first eviction tier of docs/request-life.md §3); ``TierHooks`` (installed by ``MeridianScheduler`` on the
 connector's manager, wrapping its public methods) marks the request's ``ReqContext`` with it, the
 manager then never stores those blocks in the request's final store pass, and
 ``NeverReusableFirstLRU`` (this spec's default cache policy; on CUDA name it with
@@ -51,10 +51,10 @@ from vllm.v1.kv_offload.base import (
     CanonicalKVCaches,
     GPULoadStoreSpec,
     LoadStoreSpec,
+    LookupResult,
     OffloadingManager,
     OffloadingWorker,
     OffloadKey,
-    LookupResult,
     ReqContext,
     TransferResult,
     get_offload_block_hash,
@@ -119,9 +119,13 @@ class HostCopyTieringSpec(_HostCopySpec, TieringOffloadingSpec):
 
     def _host_region(self) -> SharedOffloadRegion | None:
         rank = 0 if self.replicated_layout else self.config.parallel.rank
-        return SharedOffloadRegion(engine_id=self._engine_id, num_chunks=self.num_chunks, rank=rank,
-                                   kv_bytes_per_chunk=self.kv_bytes_per_chunk,
-                                   cpu_page_size=self.cpu_page_size_per_worker)
+        return SharedOffloadRegion(
+            engine_id=self._engine_id,
+            num_chunks=self.num_chunks,
+            rank=rank,
+            kv_bytes_per_chunk=self.kv_bytes_per_chunk,
+            cpu_page_size=self.cpu_page_size_per_worker,
+        )
 
 
 class MeridianOffloadingConnector(OffloadingConnector):
@@ -144,8 +148,12 @@ class HostCopyWorker(OffloadingWorker):
     def __init__(self, kv_caches: CanonicalKVCaches, num_chunks: int, region: SharedOffloadRegion | None = None):
         self._engine = [t.tensor.view(torch.int8).view(-1, t.page_size_bytes) for t in kv_caches.tensors]
         self._region = region
-        self._host = [torch.zeros((num_chunks, t.page_size_bytes), dtype=torch.int8) if region is None
-                      else region.create_next_worker_view(t.page_size_bytes) for t in kv_caches.tensors]
+        self._host = [
+            torch.zeros((num_chunks, t.page_size_bytes), dtype=torch.int8)
+            if region is None
+            else region.create_next_worker_view(t.page_size_bytes)
+            for t in kv_caches.tensors
+        ]
         # Several groups (or layers) may alias one tensor: copy each tensor once per block.
         self._tensors_of_group = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
         self._finished: list[TransferResult] = []
@@ -183,22 +191,29 @@ class HostCopyWorker(OffloadingWorker):
         if len(block_ids) != len(chunk_ids):
             # With one block per chunk the two lists pair up; anything else is a layout this
             # worker does not know: nothing is copied, and a load's blocks are reported failed.
-            logger.error("meridian: host tier job %d pairs %d engine blocks with %d host chunks",
-                         job_id, len(block_ids), len(chunk_ids))
+            logger.error(
+                "meridian: host tier job %d pairs %d engine blocks with %d host chunks",
+                job_id,
+                len(block_ids),
+                len(chunk_ids),
+            )
             if not to_host:
                 self._failed_block_ids.update(block_ids)
             self._finished.append(TransferResult(job_id=job_id, success=True))
             return True
         num_bytes = 0
         for group, (first, count) in enumerate(_group_spans(engine_spec.group_sizes)):
-            pairs = list(zip(block_ids[first:first + count], chunk_ids[first:first + count]))
+            pairs = list(zip(block_ids[first : first + count], chunk_ids[first : first + count]))
             for t in self._tensors_of_group[group]:
                 self._copy_rows(t, pairs, to_host=to_host)
                 num_bytes += count * self._engine[t].shape[1]
         # A job is always reported complete (vLLM's offloading worker takes no failed jobs);
         # blocks that did not arrive go through get_block_ids_with_load_errors instead.
-        self._finished.append(TransferResult(job_id=job_id, success=True, transfer_size=num_bytes,
-                                             transfer_time=time.perf_counter() - started))
+        self._finished.append(
+            TransferResult(
+                job_id=job_id, success=True, transfer_size=num_bytes, transfer_time=time.perf_counter() - started
+            )
+        )
         return True
 
     def _copy_rows(self, tensor: int, pairs: list[tuple[int, int]], *, to_host: bool) -> None:
@@ -213,8 +228,9 @@ class HostCopyWorker(OffloadingWorker):
                 else:
                     engine[block].copy_(host[chunk])
             except RuntimeError:
-                logger.exception("meridian: host tier copy of block %d %s chunk %d failed",
-                                 block, "to" if to_host else "from", chunk)
+                logger.exception(
+                    "meridian: host tier copy of block %d %s chunk %d failed", block, "to" if to_host else "from", chunk
+                )
                 if to_host:  # the chunk holds nothing usable until it is stored again
                     self._bad_chunks.add(chunk)
                 else:
@@ -246,8 +262,9 @@ class NeverReusable:
 
 @dataclass(frozen=True)
 class KeepWhileLive:
-    """``ReqContext`` state of a request Meridian schedules: the tier keeps the blocks it stores
-    until it finishes."""
+    """``ReqContext`` state of a request whose policy retains its tier blocks (the core's
+    ``retains_live_tier_blocks``: Meridian's own): the tier keeps the blocks it stores until it
+    finishes."""
 
 
 class NeverReusableFirstLRU(LRUCachePolicy):
@@ -285,7 +302,7 @@ class NeverReusableFirstLRU(LRUCachePolicy):
     def insert(self, key: OffloadKey, chunk: Any, *req_context: ReqContext) -> None:
         # vLLM 0.33 hands the storing request's context on (and ranks its blocks by position);
         # 0.32 does not: pass on whatever came.
-        super().insert(key, chunk, *req_context)  # type: ignore[call-arg]
+        super().insert(key, chunk, *req_context)
         if key in self._kept and key in self._evictable:
             self._hold(key)
 
@@ -325,8 +342,13 @@ class NeverReusableFirstLRU(LRUCachePolicy):
                 self._evictable.add(key)
                 self._push_evictable(key)
 
-    def on_request_finished(self, key_groups: Sequence[Sequence[OffloadKey]], insertion_only_keys: set[OffloadKey],
-                            reused_keys: set[OffloadKey], req_context: ReqContext) -> None:
+    def on_request_finished(
+        self,
+        key_groups: Sequence[Sequence[OffloadKey]],
+        insertion_only_keys: set[OffloadKey],
+        reused_keys: set[OffloadKey],
+        req_context: ReqContext,
+    ) -> None:
         self._release(req_context.req_id)
         rule = req_context.get_state(NeverReusable)
         if rule is None:
@@ -347,13 +369,17 @@ class NeverReusableFirstLRU(LRUCachePolicy):
         # cannot compare the two.
         self._next_low_rank += 1
         current = self._ranks.get(key)
-        self._ranks[key] = (self._next_low_rank, 0) if isinstance(current, tuple) else self._next_low_rank  # type: ignore[assignment]
+        self._ranks[key] = (self._next_low_rank, 0) if isinstance(current, tuple) else self._next_low_rank
         if key in self._evictable:
             self._push_evictable(key)
 
 
 class RestorePolicy(Protocol):
     """What the hooks ask the scheduler (which asks the core)."""
+
+    @property
+    def retains_live_blocks(self) -> bool:
+        """Whether the tier keeps a live request's stored blocks until it finishes."""
 
     def restore_tokens(self, request: Request, num_hit_tokens: int) -> int:
         """How many of a tier hit's tokens to load; the rest is recomputed."""
@@ -391,10 +417,13 @@ class TierHooks:
     #: a lookup there starts moving a block up, so looking ahead pays (``prefetch``).
     staged: bool
 
-    def __init__(self, connector: Any, manager: OffloadingManager, policy: RestorePolicy,
-                 kv_bytes_per_token: float, group: Any):
+    def __init__(
+        self, connector: Any, manager: OffloadingManager, policy: RestorePolicy, kv_bytes_per_token: float, group: Any
+    ):
         self._contexts: OrderedDict[str, ReqContext] = OrderedDict()
         self._manager = manager
+        #: The core's answer, per policy: the baselines leave the tier's own order alone.
+        self._retains_live = policy.retains_live_blocks
         self.staged = bool(getattr(manager, "secondary_tiers", None))
         #: Prefix lookups made ahead of a request's turn, and the blocks they found ready.
         self.num_prefetch_lookups = 0
@@ -421,8 +450,11 @@ class TierHooks:
         on_new_request, prepare_store = manager.on_new_request, manager.prepare_store
         on_request_finished = manager.on_request_finished
 
+        retains_live = self._retains_live
+
         def tracking_on_new_request(req_context: ReqContext) -> Any:
-            req_context.set_state(KeepWhileLive())
+            if retains_live:
+                req_context.set_state(KeepWhileLive())
             self._contexts[req_context.req_id] = req_context
             while len(self._contexts) > MAX_TRACKED_CONTEXTS:
                 self._contexts.popitem(last=False)
@@ -436,8 +468,10 @@ class TierHooks:
                 keys = kept
             output = prepare_store(keys, req_context)
             if output is not None:
-                self._policy.on_tier_blocks([get_offload_block_hash(k) for k in output.keys_to_store],
-                                            [get_offload_block_hash(k) for k in output.evicted_keys])
+                self._policy.on_tier_blocks(
+                    [get_offload_block_hash(k) for k in output.keys_to_store],
+                    [get_offload_block_hash(k) for k in output.evicted_keys],
+                )
                 if rule is None:  # a live request: what a preemption of it would lose
                     self._note_stored(keys, req_context, output.evicted_keys)
             return output
@@ -459,8 +493,9 @@ class TierHooks:
         manager.prepare_store = filtering_prepare_store  # type: ignore[method-assign]
         manager.on_request_finished = releasing_on_request_finished  # type: ignore[method-assign]
 
-    def _note_stored(self, keys: Collection[OffloadKey], req_context: ReqContext,
-                     evicted_keys: Iterable[OffloadKey]) -> None:
+    def _note_stored(
+        self, keys: Collection[OffloadKey], req_context: ReqContext, evicted_keys: Iterable[OffloadKey]
+    ) -> None:
         # Store-ahead offers a request's full blocks in order, so its stored prefix grows block
         # by block while nothing of it is evicted; a block after a hole extends nothing. Blocks
         # before its first offer were prefix hits, held by the device cache or already stored.
@@ -527,8 +562,9 @@ class TierHooks:
         connector.update_connector_output = timed_update_output
 
     @classmethod
-    def install(cls, connector: object | None, policy: RestorePolicy,
-                kv_cache_config: KVCacheConfig) -> TierHooks | None:
+    def install(
+        cls, connector: object | None, policy: RestorePolicy, kv_cache_config: KVCacheConfig
+    ) -> TierHooks | None:
         """Hooks on the first OffloadingConnector among ``connector`` (or a MultiConnector's parts)."""
         for part in _connector_parts(connector):
             connector_scheduler: Any = getattr(part, "connector_scheduler", None)
@@ -552,7 +588,7 @@ class TierHooks:
                 ready.append(request)
                 continue
             step = self._hashes_per_chunk
-            keys = request.block_hashes[step - 1::step]
+            keys = request.block_hashes[step - 1 :: step]
             first = self._prefetch_from.get(request.request_id, 0)
             pending = False
             for i in range(first, len(keys)):
@@ -585,8 +621,10 @@ class TierHooks:
 def kv_bytes_per_token(kv_cache_config: KVCacheConfig) -> float:
     """Bytes of KV one token takes in the engine, all layers of its group (the mean over groups of
     a hybrid model): what a tier moves per token."""
-    per_group = [g.kv_cache_spec.page_size_bytes * len(g.layer_names) / g.kv_cache_spec.block_size
-                 for g in kv_cache_config.kv_cache_groups]
+    per_group = [
+        g.kv_cache_spec.page_size_bytes * len(g.layer_names) / g.kv_cache_spec.block_size
+        for g in kv_cache_config.kv_cache_groups
+    ]
     return sum(per_group) / len(per_group) if per_group else 1.0
 
 

@@ -22,7 +22,6 @@ decides anything: every figure comes from the core or from vLLM.
 from __future__ import annotations
 
 import atexit
-import importlib
 import logging
 import os
 import shutil
@@ -37,11 +36,17 @@ from prometheus_client import REGISTRY, Counter, Gauge, Histogram, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from meridian._core import SHED_REASONS, THINKING_STOP_RULES
+from meridian.errors import ConfigError
 from meridian.vllm._version import require_supported_vllm
 from meridian.vllm.bus import bus_dir, private_dir
-from meridian.errors import ConfigError
+from meridian.vllm.config import runs_meridian_scheduler
 from meridian.vllm.names import (
-    BUS_DIR_ENV, CLASS_TARGETS, KV_TIER_DECISIONS, PREEMPTION_PHASES, REQUEST_STATES, SCHEDULER_CLS, SERIES,
+    BUS_DIR_ENV,
+    CLASS_TARGETS,
+    KV_TIER_DECISIONS,
+    PREEMPTION_PHASES,
+    REQUEST_STATES,
+    SERIES,
     STEP_TIME_TERMS,
 )
 
@@ -69,6 +74,14 @@ BUCKETS = {"ttfat": TTFAT_BUCKETS_S, "answer_tpot": TPOT_BUCKETS_S, "thinking_to
 
 _VALUE_CLASSES: dict[str, Any] = {}
 _VALUE_LOCK = threading.Lock()
+
+
+def served_model_name(vllm_config: VllmConfig) -> str:
+    """The model name the server's series are labelled with (vLLM's first served name)."""
+    name = vllm_config.model_config.served_model_name
+    if isinstance(name, str):
+        return name
+    return name[0] if name else str(vllm_config.model_config.model)
 
 
 def metrics_dir(vllm_config: VllmConfig) -> Path:
@@ -105,8 +118,13 @@ def _writing_to(directory: Path) -> Iterator[None]:
 class MeridianMetrics:
     """The engine core's writer of Meridian's series for one ``MeridianScheduler``."""
 
-    def __init__(self, directory: Path, model_name: str, engine: int,
-                 class_targets: Mapping[str, Mapping[str, float | int | None]]) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        model_name: str,
+        engine: int,
+        class_targets: Mapping[str, Mapping[str, float | int | None]],
+    ) -> None:
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
@@ -162,8 +180,16 @@ class MeridianMetrics:
         self.step_time_model = make("step_time_model")
         # Create every child now (each value's file is chosen when it is created).
         for name in self._class_names:
-            for series in (self.ttfat, self.answer_tpot, self.thinking_tokens, self.arrival_preemptions,
-                           self.least_slack, self.ttfat_headroom, self.recent_attainment, self.saturation):
+            for series in (
+                self.ttfat,
+                self.answer_tpot,
+                self.thinking_tokens,
+                self.arrival_preemptions,
+                self.least_slack,
+                self.ttfat_headroom,
+                self.recent_attainment,
+                self.saturation,
+            ):
                 self._child(series, **{"class": name})
             for reason in SHED_REASONS:
                 self._child(self.shed_requests, **{"class": name}, reason=reason)
@@ -180,8 +206,12 @@ class MeridianMetrics:
             self._child(self.kv_tier_resume_tokens, decision=decision)
         for term in STEP_TIME_TERMS:
             self._child(self.step_time_model, term=term)
-        for series in (self.answer_preemption_alarms, self.kv_tier_failed_load_blocks, self.phase_weighted_queue,
-                       self.expected_output_tokens):
+        for series in (
+            self.answer_preemption_alarms,
+            self.kv_tier_failed_load_blocks,
+            self.phase_weighted_queue,
+            self.expected_output_tokens,
+        ):
             self._child(series)
 
     # ---- per finished request -------------------------------------------------------------
@@ -203,8 +233,9 @@ class MeridianMetrics:
         (vLLM counts no unfinished request while its paused scheduler has nothing to step)."""
         return idle or time.monotonic() - self._last_gauges_s >= GAUGE_PERIOD_S
 
-    def refresh(self, core: Meridian, now_ms: float, running: list[int], waiting: list[int],
-                thinking_stops: Mapping[str, int]) -> None:
+    def refresh(
+        self, core: Meridian, now_ms: float, running: list[int], waiting: list[int], thinking_stops: Mapping[str, int]
+    ) -> None:
         """Sets the gauges from the core's view of the load and mirrors its counters."""
         self._last_gauges_s = time.monotonic()
         classes, queue = core.engine_load(now_ms, running, waiting)
@@ -218,7 +249,9 @@ class MeridianMetrics:
             self._child(self.recent_attainment, **of_class).set(attainment.get(name, float("nan")))
             self._child(self.saturation, **of_class).set(load["saturation"])
         self._child(self.phase_weighted_queue).set(queue)
-        self._child(self.expected_output_tokens).set(sum(float(c["expected_output_tokens"] or 0) for c in classes.values()))
+        self._child(self.expected_output_tokens).set(
+            sum(float(c["expected_output_tokens"] or 0) for c in classes.values())
+        )
         for term, value in zip(STEP_TIME_TERMS, core.step_time_coefficients(), strict=True):
             self._child(self.step_time_model, term=term).set(value)
         self._mirror_counters(core, thinking_stops)
@@ -270,8 +303,9 @@ class ArrivalMetrics:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.directory = directory
         with _writing_to(directory):
-            counter = Counter(series.name.removesuffix("_total"), series.help, ["model_name", *series.labels],
-                              registry=None)
+            counter = Counter(
+                series.name.removesuffix("_total"), series.help, ["model_name", *series.labels], registry=None
+            )
             # Every class's child now: a dashboard reads 0, not "no data", before the first refusal.
             self._refusals = {name: counter.labels(model_name=model_name, **{"class": name}) for name in class_names}
 
@@ -294,7 +328,7 @@ class MeridianMetricsCollector(StatLoggerBase):
     _registered: set[str] = set()
 
     def __init__(self, vllm_config: VllmConfig, engine_index: int = 0) -> None:
-        if not runs_meridian(vllm_config) or os.environ.get(MULTIPROC_DIR_ENV):
+        if not runs_meridian_scheduler(vllm_config) or os.environ.get(MULTIPROC_DIR_ENV):
             return
         directory = metrics_dir(vllm_config)
         with _VALUE_LOCK:
@@ -305,30 +339,14 @@ class MeridianMetricsCollector(StatLoggerBase):
             self._registered.add(str(directory))
         atexit.register(shutil.rmtree, directory, ignore_errors=True)
 
-    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None,
-               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
         pass
 
     def log_engine_initialized(self) -> None:
         pass
-
-
-def runs_meridian(vllm_config: VllmConfig) -> bool:
-    """Whether the engine's scheduler is ``MeridianScheduler`` (or a subclass of it); read from
-    the class path, so the API server needs no import of the scheduler."""
-    scheduler_cls = vllm_config.scheduler_config.scheduler_cls
-    if isinstance(scheduler_cls, str):
-        if scheduler_cls == SCHEDULER_CLS:
-            return True
-        module, _, name = scheduler_cls.rpartition(".")
-        try:
-            scheduler_cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
-            return False
-    return isinstance(scheduler_cls, type) and any(
-        f"{base.__module__}.{base.__qualname__}" == _SCHEDULER_PATH for base in scheduler_cls.__mro__
-    )
-
-
-#: Where ``MeridianScheduler`` is defined (``SCHEDULER_CLS`` is its re-export).
-_SCHEDULER_PATH = "meridian.vllm.scheduler.MeridianScheduler"

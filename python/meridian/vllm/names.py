@@ -14,8 +14,15 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 from meridian._core import (
-    CLASS_ARG, EFFORT_ARG, EFFORT_LEVELS, POLICY_NAMES, SHED_REASONS, THINKING_ARG, THINKING_BUDGET_ARG,
-    THINKING_STOP_RULES, WAITED_ARG,
+    CLASS_ARG,
+    EFFORT_ARG,
+    EFFORT_LEVELS,
+    POLICY_NAMES,
+    SHED_REASONS,
+    THINKING_ARG,
+    THINKING_BUDGET_ARG,
+    THINKING_STOP_RULES,
+    WAITED_ARG,
 )
 
 __all__ = [
@@ -93,13 +100,29 @@ BUS_DIR_ENV = "MERIDIAN_BUS_DIR"
 
 #: Fields of a finished request's line in the request log (``request_log_path``), in order.
 REPORT_FIELDS = (
-    "req_id", "slo_class", "reason", "arrival_ms", "ttft_ms", "ttfat_ms", "transition_gap_ms", "think_tpot_ms",
-    "answer_tpot_ms", "e2e_ms", "max_answer_gap_ms", "num_stalls", "num_think_tokens", "num_answer_tokens",
-    "num_preemptions_prefill", "num_preemptions_think", "num_preemptions_answer", "met_all",
+    "req_id",
+    "slo_class",
+    "reason",
+    "arrival_ms",
+    "ttft_ms",
+    "ttfat_ms",
+    "transition_gap_ms",
+    "think_tpot_ms",
+    "answer_tpot_ms",
+    "e2e_ms",
+    "max_answer_gap_ms",
+    "num_stalls",
+    "num_think_tokens",
+    "num_answer_tokens",
+    "num_preemptions_prefill",
+    "num_preemptions_think",
+    "num_preemptions_answer",
+    "met_all",
     "never_reusable_from_token",
 )
 #: Fields after them: the thinking-control rule that ended the reasoning, and after how many tokens.
 THINKING_STOP_FIELDS = ("thinking_stopped_by", "thinking_stopped_after_tokens")
+
 
 class Series(NamedTuple):
     """One of Meridian's series on vLLM's ``/metrics``: what ``meridian.vllm.metrics`` creates and
@@ -144,62 +167,159 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
 
 #: Meridian's series on vLLM's ``/metrics``, by key. The dashboard, the tests, the router recipe
 #: and the documentation read these.
-SERIES: dict[str, Series] = {s.key: s for s in (
-    Series("ttfat", "meridian:time_to_first_output_token_seconds", "histogram", ("class",),
-           "Time to first output (answer) token of each finished request that answered (TTFAT; what "
-           "aiperf calls TTFO)."),
-    Series("answer_tpot", "meridian:answer_time_per_output_token_seconds", "histogram", ("class",),
-           "Mean time per answer token of each finished request (answer TPOT)."),
-    Series("thinking_tokens", "meridian:thinking_tokens", "histogram", ("class",),
-           "Reasoning tokens per finished request."),
-    Series("requests_finished", "meridian:requests_finished_total", "counter", ("class", "met_slo"),
-           "Finished requests by class and whether they met every class target (aborted ones count as "
-           "missed)."),
-    Series("preemptions", "meridian:preemptions_total", "counter", ("phase",),
-           "Preemptions by the victim's phase."),
-    Series("answer_preemption_alarms", "meridian:answer_preemption_alarms_total", "counter", (),
-           "Answering requests preempted while a thinking request ran (each is also logged)."),
-    Series("arrival_preemptions", "meridian:arrival_preemptions_total", "counter", ("class",),
-           "Running requests preempted for a more important arrival, by the victim's class."),
-    Series("shed_requests", "meridian:shed_requests_total", "counter", ("class", "reason"),
-           "Requests ended early because they could no longer meet their class's targets "
-           "(on_overload: shed), by the target they would miss."),
-    Series("arrival_refusals", "meridian:arrival_refusals_total", "counter", ("class",),
-           "Requests refused by admission at arrival (HTTP 429 or 503 + Retry-After before they reached the engine: "
-           "their class would have waited past its TTFT target), by class; written by the API server.",
-           process="api_server"),
-    Series("thinking_stops", "meridian:thinking_stops_total", "counter", ("rule",),
-           "Reasoning ended by a thinking-control rule."),
-    Series("kv_tier_resumes", "meridian:kv_tier_resumes_total", "counter", ("decision",),
-           "KV-tier hits on resume, loaded or recomputed."),
-    Series("kv_tier_resume_tokens", "meridian:kv_tier_resume_tokens_total", "counter", ("decision",),
-           "Tokens of those hits, loaded or recomputed."),
-    Series("kv_tier_failed_load_blocks", "meridian:kv_tier_failed_load_blocks_total", "counter", (),
-           "KV blocks whose load from a tier failed (recomputed)."),
-    Series("num_requests", "meridian:num_requests", "gauge", ("class", "state"),
-           "Requests by class and state."),
-    Series("least_slack", "meridian:least_slack_seconds", "gauge", ("class",),
-           "Least slack before a TTFAT/TTFT deadline among the class's requests not answering yet "
-           "(NaN: none)."),
-    Series("ttfat_headroom", "meridian:ttfat_headroom_seconds", "gauge", ("class",),
-           "Time left to the class's nearest TTFAT deadline (NaN: no request before its answer)."),
-    Series("recent_ttfat_attainment", "meridian:recent_ttfat_attainment", "gauge", ("class",),
-           "TTFAT attainment of the class's recent completions, the load-aware thinking budget's input "
-           "(NaN before the first)."),
-    Series("phase_weighted_queue", "meridian:phase_weighted_queue", "gauge", (),
-           "Expected remaining output of every request, in fresh requests of its class: a queue length "
-           "for routers in which a request past its thinking weighs less than a fresh one."),
-    Series("expected_output_tokens", "meridian:expected_output_tokens", "gauge", (),
-           "Expected remaining output tokens of every request (the phase-weighted queue in tokens; "
-           "integer-safe for routers that read a gauge as an integer)."),
-    Series("saturation", "meridian:saturation", "gauge", ("class",),
-           "How long a new request of the class would wait for its first token, in units of its TTFT "
-           "target (>= 1: it would miss it; route it elsewhere)."),
-    Series("step_time_model", "meridian:step_time_model_ms", "gauge", ("term",),
-           "The step-time model's coefficients."),
-    Series("class_target", "meridian:class_target_seconds", "gauge", ("class", "target"),
-           "The class's targets, for dashboards (NaN: not set)."),
-)}
+SERIES: dict[str, Series] = {
+    s.key: s
+    for s in (
+        Series(
+            "ttfat",
+            "meridian:time_to_first_output_token_seconds",
+            "histogram",
+            ("class",),
+            "Time to first output (answer) token of each finished request that answered (TTFAT; what "
+            "aiperf calls TTFO).",
+        ),
+        Series(
+            "answer_tpot",
+            "meridian:answer_time_per_output_token_seconds",
+            "histogram",
+            ("class",),
+            "Mean time per answer token of each finished request (answer TPOT).",
+        ),
+        Series(
+            "thinking_tokens",
+            "meridian:thinking_tokens",
+            "histogram",
+            ("class",),
+            "Reasoning tokens per finished request.",
+        ),
+        Series(
+            "requests_finished",
+            "meridian:requests_finished_total",
+            "counter",
+            ("class", "met_slo"),
+            "Finished requests by class and whether they met every class target (aborted ones count as missed).",
+        ),
+        Series(
+            "preemptions", "meridian:preemptions_total", "counter", ("phase",), "Preemptions by the victim's phase."
+        ),
+        Series(
+            "answer_preemption_alarms",
+            "meridian:answer_preemption_alarms_total",
+            "counter",
+            (),
+            "Answering requests preempted while a thinking request ran (each is also logged).",
+        ),
+        Series(
+            "arrival_preemptions",
+            "meridian:arrival_preemptions_total",
+            "counter",
+            ("class",),
+            "Running requests preempted for a more important arrival, by the victim's class.",
+        ),
+        Series(
+            "shed_requests",
+            "meridian:shed_requests_total",
+            "counter",
+            ("class", "reason"),
+            "Requests ended early because they could no longer meet their class's targets "
+            "(on_overload: shed), by the target they would miss.",
+        ),
+        Series(
+            "arrival_refusals",
+            "meridian:arrival_refusals_total",
+            "counter",
+            ("class",),
+            "Requests refused by admission at arrival (HTTP 429 or 503 + Retry-After before they reached the engine: "
+            "their class would have waited past its TTFT target), by class; written by the API server.",
+            process="api_server",
+        ),
+        Series(
+            "thinking_stops",
+            "meridian:thinking_stops_total",
+            "counter",
+            ("rule",),
+            "Reasoning ended by a thinking-control rule.",
+        ),
+        Series(
+            "kv_tier_resumes",
+            "meridian:kv_tier_resumes_total",
+            "counter",
+            ("decision",),
+            "KV-tier hits on resume, loaded or recomputed.",
+        ),
+        Series(
+            "kv_tier_resume_tokens",
+            "meridian:kv_tier_resume_tokens_total",
+            "counter",
+            ("decision",),
+            "Tokens of those hits, loaded or recomputed.",
+        ),
+        Series(
+            "kv_tier_failed_load_blocks",
+            "meridian:kv_tier_failed_load_blocks_total",
+            "counter",
+            (),
+            "KV blocks whose load from a tier failed (recomputed).",
+        ),
+        Series("num_requests", "meridian:num_requests", "gauge", ("class", "state"), "Requests by class and state."),
+        Series(
+            "least_slack",
+            "meridian:least_slack_seconds",
+            "gauge",
+            ("class",),
+            "Least slack before a TTFAT/TTFT deadline among the class's requests not answering yet (NaN: none).",
+        ),
+        Series(
+            "ttfat_headroom",
+            "meridian:ttfat_headroom_seconds",
+            "gauge",
+            ("class",),
+            "Time left to the class's nearest TTFAT deadline (NaN: no request before its answer).",
+        ),
+        Series(
+            "recent_ttfat_attainment",
+            "meridian:recent_ttfat_attainment",
+            "gauge",
+            ("class",),
+            "TTFAT attainment of the class's recent completions, the load-aware thinking budget's input "
+            "(NaN before the first).",
+        ),
+        Series(
+            "phase_weighted_queue",
+            "meridian:phase_weighted_queue",
+            "gauge",
+            (),
+            "Expected remaining output of every request, in fresh requests of its class: a queue length "
+            "for routers in which a request past its thinking weighs less than a fresh one.",
+        ),
+        Series(
+            "expected_output_tokens",
+            "meridian:expected_output_tokens",
+            "gauge",
+            (),
+            "Expected remaining output tokens of every request (the phase-weighted queue in tokens; "
+            "integer-safe for routers that read a gauge as an integer).",
+        ),
+        Series(
+            "saturation",
+            "meridian:saturation",
+            "gauge",
+            ("class",),
+            "How long a new request of the class would wait for its first token, in units of its TTFT "
+            "target (>= 1: it would miss it; route it elsewhere).",
+        ),
+        Series(
+            "step_time_model", "meridian:step_time_model_ms", "gauge", ("term",), "The step-time model's coefficients."
+        ),
+        Series(
+            "class_target",
+            "meridian:class_target_seconds",
+            "gauge",
+            ("class", "target"),
+            "The class's targets, for dashboards (NaN: not set).",
+        ),
+    )
+}
 
 #: Each series' exposed name, by key.
 METRIC_NAMES = {key: series.name for key, series in SERIES.items()}

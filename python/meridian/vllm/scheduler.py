@@ -19,7 +19,7 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from meridian.vllm._version import require_supported_vllm
 
@@ -37,7 +37,7 @@ from meridian.vllm.arrival import ArrivalPublisher  # noqa: E402
 from meridian.vllm.bus import SchedulerEndpoint  # noqa: E402
 from meridian.vllm.config import processor_configured, read_settings  # noqa: E402
 from meridian.vllm.kvtier import TierHooks  # noqa: E402
-from meridian.vllm.metrics import MeridianMetrics, metrics_dir  # noqa: E402
+from meridian.vllm.metrics import MeridianMetrics, metrics_dir, served_model_name  # noqa: E402
 from meridian.vllm.names import REQ_ID_ARG, RESOLVED_CLASS_ARG  # noqa: E402
 from meridian.vllm.probes import ProbeBook  # noqa: E402
 from meridian.vllm.queue import MeridianWaitingQueue  # noqa: E402
@@ -92,6 +92,10 @@ class CoreRestorePolicy:
         self._tier = core.add_kv_tier(TierHooks.TIER_NAME)
         self._stored: dict[str, int] = {}
         self._block_events = convert.BlockEvents() if core.wants_block_events() else None
+
+    @property
+    def retains_live_blocks(self) -> bool:
+        return self._core.retains_live_tier_blocks()
 
     def restore_tokens(self, request: Request, num_hit_tokens: int) -> int:
         handle = getattr(request, HANDLE_ATTR, None)
@@ -194,8 +198,9 @@ class MeridianScheduler(AsyncScheduler):
         self._install_queues()
         #: Meridian's eviction order on an OffloadingConnector's tier, when one is configured.
         tier_policy = None if self.connector is None else CoreRestorePolicy(self.meridian, self.requests)
-        self.kv_tier = (None if tier_policy is None else
-                        TierHooks.install(self.connector, tier_policy, self.kv_cache_config))
+        self.kv_tier = (
+            None if tier_policy is None else TierHooks.install(self.connector, tier_policy, self.kv_cache_config)
+        )
         self._tier_policy = tier_policy if self.kv_tier is not None else None
         if self.kv_tier is not None and self.kv_tier.staged:
             self.meridian.add_kv_tier(TierHooks.TIER_NAME, staged=True)
@@ -206,9 +211,9 @@ class MeridianScheduler(AsyncScheduler):
         self.metrics = (
             MeridianMetrics(
                 metrics_dir(self.vllm_config),
-                self.vllm_config.model_config.served_model_name,
+                served_model_name(self.vllm_config),
                 rank,
-                {name: config.class_targets(name) for name in config.class_names},
+                {name: _numeric(config.class_targets(name)) for name in config.class_names},
             )
             if self.log_stats and config.metrics
             else None
@@ -221,6 +226,11 @@ class MeridianScheduler(AsyncScheduler):
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 
+    @property
+    def _meridian_waiting(self) -> MeridianWaitingQueue:
+        # `_install_queues` put Meridian's queue in vLLM's `waiting` attribute, typed as vLLM's.
+        return cast(MeridianWaitingQueue, self.waiting)
+
     # ---- vLLM interface -----------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
@@ -230,7 +240,8 @@ class MeridianScheduler(AsyncScheduler):
             return
         try:
             convert.check_request_args(
-                convert.extra_args(request), self.meridian_config, request.max_tokens, request.priority)
+                convert.extra_args(request), self.meridian_config, request.max_tokens, request.priority
+            )
             handle, slo_class = self.meridian.add_request(
                 request.request_id,
                 request.arrival_time * 1000.0,
@@ -248,7 +259,9 @@ class MeridianScheduler(AsyncScheduler):
         if self._sets_vllm_thinking_budget:
             self._set_vllm_thinking_budget(request, slo_class)
         if self._device_events is not None and request.block_hashes:
-            self.meridian.set_block_hashes(handle, convert.block_hash_keys(request.block_hashes), convert.HASH_KEY_BYTES)
+            self.meridian.set_block_hashes(
+                handle, convert.block_hash_keys(request.block_hashes), convert.HASH_KEY_BYTES
+            )
         self._stamp_worker_args(request, slo_class)
         super().add_request(request)
         # No step follows an arrival while vLLM is paused (`/pause?mode=keep`, a weight update):
@@ -280,7 +293,7 @@ class MeridianScheduler(AsyncScheduler):
             waiting = list(self.waiting)
             ready = self.kv_tier.prefetch(waiting[i] for i in plan.prefetch)
             self.meridian.on_prefetched([getattr(r, HANDLE_ATTR) for r in ready])
-        self.waiting.apply_plan(plan.waiting_order, plan.num_admissible)
+        self._meridian_waiting.apply_plan(plan.waiting_order, plan.num_admissible)
         self._end_shed(shed)
         self._preempt_on_arrival(victims, plan.num_admissible)
         self.max_num_scheduled_tokens = plan.token_budget
@@ -288,7 +301,7 @@ class MeridianScheduler(AsyncScheduler):
         try:
             output = super().schedule(throttle_prefills)
         finally:
-            self.waiting.close_gate()
+            self._meridian_waiting.close_gate()
             self.running.extend(held)
         returned = time.perf_counter()
         setattr(output, STEP_ATTR, plan.step_id)
@@ -418,7 +431,7 @@ class MeridianScheduler(AsyncScheduler):
         timestamp = time.monotonic()
         for request in victims:
             self._preempt_request(request, timestamp)
-        self.waiting.defer(victims, num_admissible)
+        self._meridian_waiting.defer(victims, num_admissible)
 
     def _record_preemptions(self, req_ids: Iterable[str]) -> None:
         now_ms = self.clock_ms()
@@ -429,9 +442,7 @@ class MeridianScheduler(AsyncScheduler):
                 continue
             _phase, alarm = self.meridian.on_preempted(now_ms, handle)
             if alarm:
-                logger.warning(
-                    "meridian: answering request %s preempted while a thinking request ran", req_id
-                )
+                logger.warning("meridian: answering request %s preempted while a thinking request ran", req_id)
 
     def _record_load_failures(self, invalid_block_ids: set[int]) -> None:
         # vLLM truncates each affected request at its first failed block (before its blocks
@@ -440,8 +451,10 @@ class MeridianScheduler(AsyncScheduler):
             handle = getattr(request, HANDLE_ATTR, None)
             if handle is None:
                 continue
-            failed = sum(len(invalid_block_ids.intersection(group))
-                         for group in self.kv_cache_manager.get_block_ids(request.request_id))
+            failed = sum(
+                len(invalid_block_ids.intersection(group))
+                for group in self.kv_cache_manager.get_block_ids(request.request_id)
+            )
             if failed:
                 self.meridian.on_kv_load_failure(handle, failed)
 
@@ -477,7 +490,9 @@ class MeridianScheduler(AsyncScheduler):
         if report.unknown_finish_reason is not None:
             logger.warning(
                 "meridian: request %s finished with vLLM reason %r, which Meridian does not know; counted as "
-                "an error and not learned from", request.request_id, report.unknown_finish_reason,
+                "an error and not learned from",
+                request.request_id,
+                report.unknown_finish_reason,
             )
         if self.probes.is_probe(request.request_id):
             return
@@ -501,7 +516,8 @@ class MeridianScheduler(AsyncScheduler):
             return
         try:
             control = self.meridian_config.request_thinking_control(
-                slo_class, convert.request_args_json(params.extra_args) or "{}", request.max_tokens)
+                slo_class, convert.request_args_json(params.extra_args) or "{}", request.max_tokens
+            )
             attainment = self.meridian.recent_ttfat_attainment().get(slo_class)
             budget = control.admission_budget(attainment, params.thinking_token_budget)
         except MeridianError:
@@ -580,7 +596,8 @@ class MeridianScheduler(AsyncScheduler):
         # An engine that runs out of requests steps no more: its last snapshot must say so now.
         self._arrival.publish(
             lambda: self.meridian.arrival_snapshot(
-                now_ms, _handles(self.running), _handles((*self.waiting, *self.kv_holding_waiting))),
+                now_ms, _handles(self.running), _handles((*self.waiting, *self.kv_holding_waiting))
+            ),
             force=not self.has_requests(),
         )
 
@@ -610,10 +627,16 @@ class MeridianScheduler(AsyncScheduler):
     def _emit_ended(self, outputs: dict[int, EngineCoreOutputs]) -> None:
         ended, self._ended = self._ended, []
         for request, reason, stop_reason, token_ids in ended:
-            final = EngineCoreOutput(request_id=request.request_id, new_token_ids=token_ids, finish_reason=reason,
-                                     stop_reason=stop_reason)
+            final = EngineCoreOutput(
+                request_id=request.request_id, new_token_ids=token_ids, finish_reason=reason, stop_reason=stop_reason
+            )
             batch = outputs.get(request.client_index)
             if batch is None:
                 outputs[request.client_index] = EngineCoreOutputs(outputs=[final])
             else:
                 batch.outputs.append(final)
+
+
+def _numeric(values: dict[str, float | int | str | None]) -> dict[str, float | int | None]:
+    """A class's targets without its named settings (the metrics read only the targets)."""
+    return {key: value for key, value in values.items() if not isinstance(value, str)}

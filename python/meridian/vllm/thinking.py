@@ -25,6 +25,7 @@ that is not being forced; with no request under control it returns the logits un
 failure while handling one request drops that request's control (logged), never the request
 and never the engine.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,7 +47,7 @@ from meridian._core import ThinkingStream  # noqa: E402
 from meridian.errors import ConfigError, MeridianError  # noqa: E402
 from meridian.kernels.meter import CpuMeter, CudaMeter, Signals  # noqa: E402
 from meridian.vllm.bus import WorkerEndpoint  # noqa: E402
-from meridian.vllm.config import read_settings  # noqa: E402
+from meridian.vllm.config import read_settings, runs_meridian_scheduler  # noqa: E402
 from meridian.vllm.convert import check_request_args, request_args_json  # noqa: E402
 from meridian.vllm.names import (  # noqa: E402
     LOGITS_PROCESSOR,
@@ -55,7 +56,6 @@ from meridian.vllm.names import (  # noqa: E402
     RESOLVED_CLASS_ARG,
     SCHEDULER_CLS,
 )
-from meridian.vllm.scheduler import MeridianScheduler  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -131,12 +131,16 @@ class _Worker:
         if not self._end_ids or not isinstance(slo_class, str):
             return False
         try:
-            control = self._config.request_thinking_control(slo_class, request_args_json(extra) or "{}", params.max_tokens)
+            control = self._config.request_thinking_control(
+                slo_class, request_args_json(extra) or "{}", params.max_tokens
+            )
             return self._config.thinking_stream_wanted(slo_class, control)
         except MeridianError:
             return False
 
-    def take_up(self, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> _Controlled | _Probe | None:
+    def take_up(
+        self, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]
+    ) -> _Controlled | _Probe | None:
         """The request's control (a parked one resumes), its probe, or ``None``: not controlled.
         A failure leaves the request uncontrolled, never failed."""
         try:
@@ -145,7 +149,9 @@ class _Worker:
             logger.exception("meridian: thinking control could not take up a request; it runs without")
             return None
 
-    def _take_up(self, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]) -> _Controlled | _Probe | None:
+    def _take_up(
+        self, params: SamplingParams, prompt_ids: list[int], output_ids: list[int]
+    ) -> _Controlled | _Probe | None:
         extra = params.extra_args or {}
         parent = extra.get(PROBE_FOR_ARG)
         if isinstance(parent, str):
@@ -165,7 +171,11 @@ class _Worker:
         return controlled
 
     def _new_controlled(
-        self, req_id: str | None, extra: dict[str, Any], max_tokens: int | None, prompt_ids: list[int],
+        self,
+        req_id: str | None,
+        extra: dict[str, Any],
+        max_tokens: int | None,
+        prompt_ids: list[int],
         output_ids: list[int],
     ) -> _Controlled | None:
         slo_class = extra.get(RESOLVED_CLASS_ARG)
@@ -174,8 +184,7 @@ class _Worker:
             logger.warning("meridian: request %s carries no resolved SLO class; thinking control off for it", req_id)
             return None
         try:
-            control = self._config.request_thinking_control(
-                slo_class, request_args_json(extra) or "{}", max_tokens)
+            control = self._config.request_thinking_control(slo_class, request_args_json(extra) or "{}", max_tokens)
         except MeridianError as exc:
             # validate_params rejected this at admission; reaching here means a caller bypassed it.
             logger.warning("meridian: thinking control off for request %s: %s", req_id, exc)
@@ -237,8 +246,9 @@ class _Worker:
             elif position >= owner.num_seen:
                 owner.signals[position] = values
 
-    def step(self, logits: torch.Tensor, rows: list[tuple[int, _Controlled]],
-             probe_rows: list[tuple[int, _Probe]]) -> list[_Controlled]:
+    def step(
+        self, logits: torch.Tensor, rows: list[tuple[int, _Controlled]], probe_rows: list[tuple[int, _Probe]]
+    ) -> list[_Controlled]:
         """Brings each controlled request up to date, masks the rows being forced and measures
         the rows the core wants measured; returns the requests whose control failed."""
         self.absorb_measured()
@@ -264,8 +274,14 @@ class _Worker:
             logger.exception("meridian: measuring thinking signals failed this step")
         return failed
 
-    def _step_row(self, logits: torch.Tensor, row: int, controlled: _Controlled, attainment: dict[str, float],
-                  endings: frozenset[str]) -> bool:
+    def _step_row(
+        self,
+        logits: torch.Tensor,
+        row: int,
+        controlled: _Controlled,
+        attainment: dict[str, float],
+        endings: frozenset[str],
+    ) -> bool:
         """Brings one request's stream up to date (ending its thinking when the scheduler says
         so) and masks its row if forcing; returns whether its row is to be measured."""
         controlled.stream.set_ttfat_attainment(attainment.get(controlled.slo_class, float("nan")))
@@ -322,7 +338,9 @@ class _Worker:
 
     def _report_stop(self, controlled: _Controlled, reason: str) -> None:
         num_think_tokens = controlled.stream.num_think_tokens
-        logger.debug("meridian: request %s thinking ended by %s after %d tokens", controlled.req_id, reason, num_think_tokens)
+        logger.debug(
+            "meridian: request %s thinking ended by %s after %d tokens", controlled.req_id, reason, num_think_tokens
+        )
         if controlled.req_id is not None and self._speaks_for_engine:
             self._bus.report_stop(controlled.req_id, reason, num_think_tokens)
 
@@ -415,8 +433,10 @@ class _V2Batch:
         if logits.shape[0] != len(slots):
             if not self._warned_rows:
                 self._warned_rows = True
-                logger.warning("meridian: speculative decoding gives several logits rows per request; "
-                               "thinking control is off under it")
+                logger.warning(
+                    "meridian: speculative decoding gives several logits rows per request; "
+                    "thinking control is off under it"
+                )
             return logits
         seq_lens = [int(n) for n in ctx.seq_lens_upper_bound_np[: len(slots)]]
         for slot in slots:
@@ -532,10 +552,11 @@ def _require_meridian_scheduler(vllm_config: VllmConfig) -> None:
     """The processor learns each request's class from ``MeridianScheduler``'s stamp; without that
     scheduler it could only guess, so it refuses to start."""
     try:
-        scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
+        runs_meridian = runs_meridian_scheduler(vllm_config)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError(f"{LOGITS_PROCESSOR} needs --scheduler-cls {SCHEDULER_CLS}: {exc}") from exc
-    if not (isinstance(scheduler_cls, type) and issubclass(scheduler_cls, MeridianScheduler)):
+    if not runs_meridian:
+        scheduler_cls = vllm_config.scheduler_config.scheduler_cls
         raise ConfigError(
             f"{LOGITS_PROCESSOR} needs --scheduler-cls {SCHEDULER_CLS} (it stamps each request's SLO class); "
             f"vLLM runs {getattr(scheduler_cls, '__qualname__', scheduler_cls)}"
