@@ -37,10 +37,8 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_ab import HALF_LOAD, workloads, write_results  # noqa: E402
-
+from development import HALF_LOAD, workloads, write_results  # noqa: E402
 from meridian._core import Config  # noqa: E402
 from meridian.offline.engine import offline_environment  # noqa: E402
 from meridian.replay import traces  # noqa: E402

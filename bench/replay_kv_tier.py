@@ -21,10 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_ab import HALF_LOAD, workloads, write_results  # noqa: E402
-
+from development import HALF_LOAD, workloads, write_results  # noqa: E402
 from meridian.replay.runner import run_replay  # noqa: E402
 
 POLICIES = ("vllm-fcfs", "meridian")

@@ -45,8 +45,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import sys
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -55,10 +55,8 @@ from typing import Any
 import numpy as np
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_ab import HALF_LOAD, SHARED, workloads, write_results  # noqa: E402
-
+from development import HALF_LOAD, SHARED, workloads, write_results  # noqa: E402
 from meridian.replay import reasoning, traces  # noqa: E402
 from meridian.replay.runner import ReplayOptions, run_replay  # noqa: E402
 

@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from replay_ab import HALF_LOAD, replay_variants, workloads, write_results  # noqa: E402
-
+from development import HALF_LOAD, replay_variants, workloads, write_results  # noqa: E402
 from meridian._core import Config  # noqa: E402
 from meridian.replay.runner import default_meridian_config  # noqa: E402
 

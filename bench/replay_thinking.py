@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay_ab import HALF_LOAD, workloads  # noqa: E402
-
+from development import HALF_LOAD, workloads  # noqa: E402
 from meridian.replay.report import table  # noqa: E402
 from meridian.replay.runner import default_meridian_config, run_replay  # noqa: E402
 
