@@ -292,6 +292,12 @@ class FinishedRequest:
     @property
     def shed(self) -> str | None:
         """Why a plan ended it early (``ttft`` or ``ttfat``); ``None`` otherwise."""
+    @property
+    def thinking_stopped_by(self) -> str | None:
+        """The thinking-control rule that ended its thinking (reported by the logits processor, or
+        the budget vLLM enforced for it); ``None`` when the thinking ended on its own."""
+    @property
+    def thinking_stopped_after_tokens(self) -> int | None: ...
 
 @final
 class Meridian:
@@ -375,6 +381,8 @@ class Meridian:
     def num_output_tokens(self, handle: int) -> int: ...
     def handle_of(self, req_id: str) -> int | None: ...
     def stats(self) -> dict[str, int]: ...
+    def num_thinking_stops(self) -> dict[str, int]:
+        """Thinking ended by each rule since start (the processor's reports, or vLLM's budget)."""
     def footprint(self) -> dict[str, int]:
         """What the core holds now: live requests, request slots (the most ever live at once),
         plans awaiting their output, indexed prefix blocks, and heap bytes of all of it."""
@@ -390,6 +398,13 @@ class Meridian:
         """Folds a finished load into the tier's fitted cost."""
     def plan_restore(self, handle: int, tiers: list[int], num_tokens: list[int]) -> RestorePlan:
         """How much of a tier hit to load; ``tiers[i]`` holds the next ``num_tokens[i]`` tokens."""
+    def vllm_thinking_budget(
+        self, handle: int, control: ThinkingControl, client_tokens: int | None = None
+    ) -> int | None:
+        """The thinking budget vLLM itself should enforce for a request just added (none applies:
+        ``None``); remembered, so its thinking ending there is reported with the finish."""
+    def on_thinking_stopped(self, handle: int, rule: str, num_think_tokens: int) -> None:
+        """The logits processor reports that ``rule`` ended the request's thinking; the first stands."""
     def on_kv_allocated(self, handle: int, num_loaded_tokens: int) -> None:
         """vLLM allocated the request with ``num_loaded_tokens`` from a tier: counts the last offer."""
     def on_kv_stored_batch(self, tier: int, handles: list[int], num_tokens: list[int]) -> None:

@@ -60,4 +60,16 @@ def test_the_scheduler_drives_vllms_thinking_budget_without_the_processor(monkey
     }
     scheduler = llm.llm_engine.engine_core.engine_core.scheduler
     assert type(scheduler).__name__ == "MeridianScheduler"
+    # The finish reports the rule whose budget vLLM enforced; a request whose thinking ended on its
+    # own reports none.
+    stops = {r.req_id: (r.thinking_stopped_by, r.thinking_stopped_after_tokens) for r in scheduler.finished_reports}
+    # The engine's request ids carry a suffix after the client's.
+    engine_id = {result.request_id: next(k for k in stops if k == result.request_id or k.startswith(f"{result.request_id}-"))
+                 for result in results}
+    by_case = dict(zip(cases, (stops[engine_id[result.request_id]] for result in results)))
+    assert by_case == {
+        "untouched": (None, None), "low": ("budget", 5), "medium": ("budget", 9), "high under max_tokens": ("budget", 12),
+        "hard budget": ("budget", 7), "client tighter": ("budget", 3),
+    }
+    assert scheduler.meridian.num_thinking_stops()["budget"] == 5
     del llm

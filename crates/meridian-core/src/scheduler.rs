@@ -30,6 +30,7 @@ use crate::predictor::{Quantile, ResidualLength};
 use crate::prefix_index::PrefixIndex;
 use crate::slo::{ClassId, OnOverload, SloTargets};
 use crate::step_model::{StepCoefficients, StepSample, StepShape, StepTimeModel};
+use crate::thinking::{FiredAt, StopReason, ThinkingControl};
 
 #[derive(Debug, Clone)]
 struct Tracked {
@@ -64,6 +65,12 @@ struct Tracked {
     shed: Option<ShedReason>,
     /// A plan ended its thinking to answer in time ([`StepPlan::end_thinking`]).
     thinking_ended: bool,
+    /// The rule that ended its thinking, as the logits processor reported it
+    /// ([`Meridian::on_thinking_stopped`]).
+    thinking_stop: Option<FiredAt>,
+    /// The thinking budget vLLM itself enforces for it, and the rule it stands for
+    /// ([`Meridian::vllm_thinking_budget`]): its thinking ending there is that rule's stop.
+    vllm_budget: Option<FiredAt>,
 }
 
 impl Tracked {
@@ -449,6 +456,8 @@ impl Meridian {
             probe: false,
             shed: None,
             thinking_ended: false,
+            thinking_stop: None,
+            vllm_budget: None,
         };
         let handle = self.insert(tracked);
         self.by_req_id.insert(req.req_id.to_owned(), handle);
@@ -711,6 +720,7 @@ impl Meridian {
                 metrics,
                 never_reusable_from_token: None,
                 shed: None,
+                thinking_stop: None,
                 reason,
                 unknown_finish_reason,
                 class: request.class,
@@ -733,6 +743,12 @@ impl Meridian {
             self.learn_lengths(&request, reason);
         }
         let never_reusable_from_token = self.never_reusable_from(&request);
+        let thinking_stop = request.thinking_stop.or_else(|| Self::stopped_by_vllm_budget(&request));
+        if request.thinking_stop.is_none() {
+            if let Some(stop) = thinking_stop {
+                self.stats.num_thinking_stops[stop.reason as usize] += 1;
+            }
+        }
         self.stats.num_finished += 1;
         self.stats.num_unknown_finish_reasons += u64::from(unknown_finish_reason.is_some());
         self.stats.num_reasoning_evictions += u64::from(never_reusable_from_token.is_some());
@@ -741,12 +757,59 @@ impl Meridian {
             metrics,
             never_reusable_from_token,
             shed: request.shed,
+            thinking_stop,
             reason,
             unknown_finish_reason,
             class: request.class,
             ledger: request.ledger,
             req_id: request.req_id,
         })
+    }
+
+    /// The thinking budget vLLM itself should enforce for a request just added, under `control`
+    /// (its thinking control, [`crate::thinking_control_for_request`]) and the client's own
+    /// `thinking_token_budget`: [`ThinkingControl::admission_budget`] at its class's TTFAT
+    /// attainment now. Remembered, so that its thinking ending there is reported as that rule's
+    /// stop with the finish. For engines where the logits processor does not run.
+    pub fn vllm_thinking_budget(
+        &mut self,
+        handle: ReqHandle,
+        control: &ThinkingControl,
+        client_tokens: Option<u32>,
+    ) -> Result<Option<u32>> {
+        let class = self.get(handle)?.class;
+        let attainment = self.recent_ttfat_attainment[class.index()];
+        let Some(tokens) = control.admission_budget(attainment, client_tokens) else { return Ok(None) };
+        // The rule the budget stands for: the hard one (the request's, its class's, its effort's,
+        // or the client's own) unless the load-aware budget alone is that tight.
+        let hard = [control.budget_tokens, client_tokens].into_iter().flatten().min();
+        let reason =
+            if hard.is_some_and(|h| h <= tokens) { StopReason::Budget } else { StopReason::LoadAwareBudget };
+        self.get_mut(handle)?.vllm_budget = Some(FiredAt { reason, num_think_tokens: tokens });
+        Ok(Some(tokens))
+    }
+
+    /// Records that a thinking-control rule ended a request's thinking after `num_think_tokens`
+    /// (the logits processor's report); the first report stands. Reported with the finish.
+    pub fn on_thinking_stopped(
+        &mut self,
+        handle: ReqHandle,
+        reason: StopReason,
+        num_think_tokens: u32,
+    ) -> Result<()> {
+        let request = self.get_mut(handle)?;
+        if request.thinking_stop.is_none() {
+            request.thinking_stop = Some(FiredAt { reason, num_think_tokens });
+            self.stats.num_thinking_stops[reason as usize] += 1;
+        }
+        Ok(())
+    }
+
+    /// A finished request whose thinking ended at the budget vLLM enforced for it: that rule's stop.
+    fn stopped_by_vllm_budget(request: &Tracked) -> Option<FiredAt> {
+        let budget = request.vllm_budget?;
+        let ledger = &request.ledger;
+        (ledger.num_answer_tokens > 0 && ledger.num_think_tokens >= budget.num_think_tokens).then_some(budget)
     }
 
     // ---- bookkeeping ----------------------------------------------------------------------

@@ -248,6 +248,8 @@ struct PyFinishedRequest {
     never_reusable_from_token: Option<u32>,
     unknown_finish_reason: Option<String>,
     shed: Option<&'static str>,
+    thinking_stopped_by: Option<&'static str>,
+    thinking_stopped_after_tokens: Option<u32>,
 }
 
 /// The restore-or-recompute choice for one KV tier hit.
@@ -510,6 +512,8 @@ impl PyMeridian {
             never_reusable_from_token: done.never_reusable_from_token,
             unknown_finish_reason: done.unknown_finish_reason,
             shed: done.shed.map(|r| r.name()),
+            thinking_stopped_by: done.thinking_stop.map(|s| s.reason.as_str()),
+            thinking_stopped_after_tokens: done.thinking_stop.map(|s| s.num_think_tokens),
             req_id: done.req_id,
         })
     }
@@ -547,6 +551,16 @@ impl PyMeridian {
         d.set_item("num_shed", s.num_shed)?;
         d.set_item("num_degraded", s.num_degraded)?;
         Ok(d)
+    }
+
+    /// Thinking ended by each rule since start (reported by the logits processor, or the budget
+    /// vLLM enforced), by the rule's name.
+    fn num_thinking_stops<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stops = PyDict::new(py);
+        for (rule, count) in core::StopReason::ALL.iter().zip(self.inner.stats().num_thinking_stops) {
+            stops.set_item(rule.as_str(), count)?;
+        }
+        Ok(stops)
     }
 
     /// What the core holds now: `{num_live_requests, num_slots, num_pending_steps,
@@ -633,6 +647,30 @@ impl PyMeridian {
             cost_ms: plan.cost_ms,
             recompute_ms: plan.recompute_ms,
         })
+    }
+
+    /// The thinking budget vLLM itself should enforce for a request just added, under its thinking
+    /// `control` and the client's own `thinking_token_budget` (`None`: none applies).
+    #[pyo3(signature = (handle, control, client_tokens=None))]
+    fn vllm_thinking_budget(
+        &mut self,
+        handle: u64,
+        control: &thinking::PyThinkingControl,
+        client_tokens: Option<u32>,
+    ) -> PyResult<Option<u32>> {
+        self.inner.vllm_thinking_budget(core::ReqHandle(handle), &control.inner, client_tokens).map_err(to_py)
+    }
+
+    /// The logits processor reports that `rule` (a name of `THINKING_STOP_RULES`) ended the
+    /// request's thinking after `num_think_tokens`; the first report stands.
+    fn on_thinking_stopped(&mut self, handle: u64, rule: &str, num_think_tokens: u32) -> PyResult<()> {
+        let reason = core::StopReason::ALL.into_iter().find(|r| r.as_str() == rule).ok_or_else(|| {
+            errors::invalid_argument(format!(
+                "unknown thinking-stop rule {rule:?}; rules: {:?}",
+                core::StopReason::ALL.map(core::StopReason::as_str)
+            ))
+        })?;
+        self.inner.on_thinking_stopped(core::ReqHandle(handle), reason, num_think_tokens).map_err(to_py)
     }
 
     /// vLLM allocated the request with `num_loaded_tokens` from a tier: counts the last offer.

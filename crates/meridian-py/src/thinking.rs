@@ -12,7 +12,7 @@ use crate::PyConfig;
 #[pyclass(module = "meridian._core", name = "ThinkingControl", frozen)]
 #[derive(Clone)]
 pub(crate) struct PyThinkingControl {
-    inner: core::ThinkingControl,
+    pub(crate) inner: core::ThinkingControl,
 }
 
 #[pymethods]

@@ -99,11 +99,10 @@ def prompt_token_ids(request: Request) -> list[int]:
     return list(request.prompt_token_ids or [])
 
 
-def report_json(report: FinishedRequest, thinking_stop: tuple[str, int] | None = None) -> str:
+def report_json(report: FinishedRequest) -> str:
     """One finished request's ledger as a JSON object on one line, with the thinking-control rule
     that ended its reasoning and after how many thinking tokens (both null when none did)."""
-    line: dict[str, Any] = {name: getattr(report, name) for name in REPORT_FIELDS}
-    line.update(zip(THINKING_STOP_FIELDS, thinking_stop or (None, None)))
+    line: dict[str, Any] = {name: getattr(report, name) for name in (*REPORT_FIELDS, *THINKING_STOP_FIELDS)}
     return json.dumps(line)
 
 

@@ -233,9 +233,7 @@ class MeridianMetrics:
         (vLLM counts no unfinished request while its paused scheduler has nothing to step)."""
         return idle or time.monotonic() - self._last_gauges_s >= GAUGE_PERIOD_S
 
-    def refresh(
-        self, core: Meridian, now_ms: float, running: list[int], waiting: list[int], thinking_stops: Mapping[str, int]
-    ) -> None:
+    def refresh(self, core: Meridian, now_ms: float, running: list[int], waiting: list[int]) -> None:
         """Sets the gauges from the core's view of the load and mirrors its counters."""
         self._last_gauges_s = time.monotonic()
         classes, queue = core.engine_load(now_ms, running, waiting)
@@ -254,9 +252,9 @@ class MeridianMetrics:
         )
         for term, value in zip(STEP_TIME_TERMS, core.step_time_coefficients(), strict=True):
             self._child(self.step_time_model, term=term).set(value)
-        self._mirror_counters(core, thinking_stops)
+        self._mirror_counters(core)
 
-    def _mirror_counters(self, core: Meridian, thinking_stops: Mapping[str, int]) -> None:
+    def _mirror_counters(self, core: Meridian) -> None:
         stats = core.stats()
         for phase in PREEMPTION_PHASES:
             self._advance(self.preemptions, stats[f"num_preemptions_{phase}"], phase=phase)
@@ -271,7 +269,7 @@ class MeridianMetrics:
         self._advance(self.kv_tier_resume_tokens, tier["num_restored_tokens"], decision="loaded")
         self._advance(self.kv_tier_resume_tokens, tier["num_recomputed_tokens"], decision="recomputed")
         self._advance(self.kv_tier_failed_load_blocks, tier["num_failed_load_blocks"])
-        for rule, count in thinking_stops.items():
+        for rule, count in core.num_thinking_stops().items():
             self._advance(self.thinking_stops, count, rule=rule)
 
     def _advance(self, series: Counter, total: float, **labels: str) -> None:

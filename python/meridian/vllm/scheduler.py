@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -176,11 +176,6 @@ class MeridianScheduler(AsyncScheduler):
         self._step_log = convert.open_log(config.step_log_path, "step_log_path", rank)
         #: Internal EAT probes (their outputs never reach a client).
         self.probes = ProbeBook(markers.end)
-        #: Requests whose reasoning a thinking-control rule ended: req_id → (rule, thinking tokens),
-        #: until the request finishes and its log line carries them.
-        self._thinking_stops: dict[str, tuple[str, int]] = {}
-        #: Reasoning stops per rule since start.
-        self.num_thinking_stops: Counter[str] = Counter()
         #: The channel to MeridianThinkingProcessor; none (and nothing polled per step) without it.
         self._bus = SchedulerEndpoint() if processor_configured(self.vllm_config) else None
         #: Requests whose thinking a plan ended to answer in time (``degrade``), until they
@@ -257,7 +252,7 @@ class MeridianScheduler(AsyncScheduler):
             return
         setattr(request, HANDLE_ATTR, handle)
         if self._sets_vllm_thinking_budget:
-            self._set_vllm_thinking_budget(request, slo_class)
+            self._set_vllm_thinking_budget(request, handle, slo_class)
         if self._device_events is not None and request.block_hashes:
             self.meridian.set_block_hashes(
                 handle, convert.block_hash_keys(request.block_hashes), convert.HASH_KEY_BYTES
@@ -482,6 +477,8 @@ class MeridianScheduler(AsyncScheduler):
 
     def _finish_in_core(self, request: Request, handle: int) -> None:
         self.thinking_endings.discard(request.request_id)
+        # A stop the processor reported during this step reaches the core before the finish does.
+        self._take_thinking_stops()
         # The request's last tokens were appended inside super().update_from_output(), before
         # _record_tokens runs: the core takes the ones it has not seen with the finish.
         report = self.meridian.finish(
@@ -499,16 +496,14 @@ class MeridianScheduler(AsyncScheduler):
         self.finished_reports.append(report)
         if self.metrics is not None:
             self.metrics.on_finished(report)
-        self._take_thinking_stops()
-        thinking_stop = self._thinking_stops.pop(request.request_id, None)
         if self._request_log is not None:
-            self._request_log.write(convert.report_json(report, thinking_stop) + "\n")
+            self._request_log.write(convert.report_json(report) + "\n")
         if report.never_reusable_from_token is not None:
             self._evict_never_reusable(request, report.never_reusable_from_token)
             if self.kv_tier is not None:
                 self.kv_tier.mark_never_reusable(request.request_id, report.never_reusable_from_token)
 
-    def _set_vllm_thinking_budget(self, request: Request, slo_class: str) -> None:
+    def _set_vllm_thinking_budget(self, request: Request, handle: int, slo_class: str) -> None:
         """Sets ``thinking_token_budget`` to the budget the core gives the request at admission
         (the client's own budget, if tighter, stays)."""
         params = request.sampling_params
@@ -518,8 +513,7 @@ class MeridianScheduler(AsyncScheduler):
             control = self.meridian_config.request_thinking_control(
                 slo_class, convert.request_args_json(params.extra_args) or "{}", request.max_tokens
             )
-            attainment = self.meridian.recent_ttfat_attainment().get(slo_class)
-            budget = control.admission_budget(attainment, params.thinking_token_budget)
+            budget = self.meridian.vllm_thinking_budget(handle, control, params.thinking_token_budget)
         except MeridianError:
             # check_request_args admitted these arguments; the request runs on with its own budget.
             logger.exception("meridian: no thinking budget for request %s", request.request_id)
@@ -543,11 +537,14 @@ class MeridianScheduler(AsyncScheduler):
         if self._bus is None:
             return
         for req_id, reason, num_think_tokens in self._bus.take_stops():
-            self.num_thinking_stops[reason] += 1
-            self._thinking_stops[req_id] = (reason, num_think_tokens)
-        # A stop whose request finished before it arrived is never popped: keep the newest only.
-        while len(self._thinking_stops) > MAX_REPORTS:
-            del self._thinking_stops[next(iter(self._thinking_stops))]
+            request = self.requests.get(req_id)
+            handle = getattr(request, HANDLE_ATTR, None) if request is not None else None
+            if handle is None:
+                continue  # it finished before the report arrived: its log line is written
+            try:
+                self.meridian.on_thinking_stopped(handle, reason, num_think_tokens)
+            except MeridianError as exc:
+                logger.warning("meridian: a thinking-stop report for %s was not taken: %s", req_id, exc)
 
     def _add_probes(self) -> None:
         if self._bus is None:
@@ -584,7 +581,6 @@ class MeridianScheduler(AsyncScheduler):
                 self.clock_ms(),
                 _handles(self.running),
                 _handles((*self.waiting, *self.kv_holding_waiting)),
-                self.num_thinking_stops,
             )
         except (MeridianError, OSError) as exc:
             # Publishing never takes the engine down: the series stay as they were.

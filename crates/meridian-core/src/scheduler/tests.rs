@@ -1397,3 +1397,51 @@ fn a_retry_keeps_the_deadlines_its_client_started_elsewhere() {
     let err = core.add_request(new("bad", -5.0)).unwrap_err();
     assert!(err.to_string().contains(crate::WAITED_ARG), "{err}");
 }
+
+#[test]
+fn the_thinking_stop_reaches_the_finish_reported_or_inferred_from_vllms_budget() {
+    let mut core = engine();
+    let finish = |core: &mut Meridian, h: ReqHandle| {
+        core.on_tokens(20.0, h, &[END, WORD, WORD]).unwrap();
+        core.finish(30.0, h, "stop", &[]).unwrap().thinking_stop
+    };
+    // vLLM ended the thinking at the hard budget it was given: reported as the budget's stop.
+    let control = ThinkingControl { budget_tokens: Some(5), ..ThinkingControl::default() };
+    let a = add(&mut core, "a", 0.0, 8);
+    assert_eq!(core.vllm_thinking_budget(a, &control, None).unwrap(), Some(5));
+    think(&mut core, 10.0, a, 5);
+    assert_eq!(finish(&mut core, a), Some(FiredAt { reason: StopReason::Budget, num_think_tokens: 5 }));
+    // It ended on its own before the budget: no stop.
+    let b = add(&mut core, "b", 0.0, 8);
+    core.vllm_thinking_budget(b, &control, None).unwrap();
+    think(&mut core, 10.0, b, 3);
+    assert_eq!(finish(&mut core, b), None);
+    // The processor's report stands, first one wins, whatever the budget.
+    let c = add(&mut core, "c", 0.0, 8);
+    core.vllm_thinking_budget(c, &control, None).unwrap();
+    think(&mut core, 10.0, c, 5);
+    core.on_thinking_stopped(c, StopReason::Eat, 4).unwrap();
+    core.on_thinking_stopped(c, StopReason::Rpdi, 5).unwrap();
+    assert_eq!(finish(&mut core, c), Some(FiredAt { reason: StopReason::Eat, num_think_tokens: 4 }));
+    // No budget at all: none set for vLLM, and nothing inferred.
+    let d = add(&mut core, "d", 0.0, 8);
+    assert_eq!(core.vllm_thinking_budget(d, &ThinkingControl::default(), None).unwrap(), None);
+    let counts = core.stats().num_thinking_stops;
+    assert_eq!((counts[StopReason::Budget as usize], counts[StopReason::Eat as usize]), (1, 1));
+    assert_eq!(counts.iter().sum::<u64>(), 2);
+}
+
+#[test]
+fn the_load_aware_budget_given_to_vllm_is_reported_as_its_own_rule() {
+    let mut core = engine();
+    let rule =
+        crate::thinking::LoadAwareBudget { budget_tokens: 6, min_budget_tokens: 2, attainment_floor: 0.5 };
+    let control =
+        ThinkingControl { load_aware: Some(rule), budget_tokens: Some(100), ..ThinkingControl::default() };
+    let a = add(&mut core, "a", 0.0, 8);
+    assert_eq!(core.vllm_thinking_budget(a, &control, Some(50)).unwrap(), Some(6));
+    think(&mut core, 10.0, a, 6);
+    core.on_tokens(20.0, a, &[END, WORD]).unwrap();
+    let stop = core.finish(30.0, a, "stop", &[]).unwrap().thinking_stop;
+    assert_eq!(stop, Some(FiredAt { reason: StopReason::LoadAwareBudget, num_think_tokens: 6 }));
+}

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::ledger::{Attainment, FinishReason, PhaseCountsU64, RequestLedger, RequestMetrics};
 use crate::phase::Phase;
 use crate::slo::ClassId;
+use crate::thinking::{FiredAt, StopReason};
 
 /// Opaque handle of a tracked request: slot index in the low 32 bits, slot generation in the high
 /// 32, so a stale handle of a released request is rejected instead of aliasing a new one.
@@ -146,6 +147,10 @@ pub struct FinishedRequest {
     pub never_reusable_from_token: Option<u32>,
     /// Why a plan ended it early ([`StepPlan::shed`]); `None` for every other request.
     pub shed: Option<ShedReason>,
+    /// The thinking-control rule that ended its thinking and after how many thinking tokens:
+    /// reported by the logits processor, or inferred from the budget vLLM enforced for it; `None`
+    /// when its thinking ended on its own.
+    pub thinking_stop: Option<FiredAt>,
 }
 
 /// What the core holds on the heap, for checking that a long-running engine stays flat: every
@@ -198,4 +203,6 @@ pub struct SchedulerStats {
     pub num_shed: u64,
     /// Thinking requests a plan ended to answer in time ([`StepPlan::end_thinking`]).
     pub num_degraded: u64,
+    /// Thinking ended by each rule, indexed by [`StopReason`] in declaration order.
+    pub num_thinking_stops: [u64; StopReason::ALL.len()],
 }
