@@ -1,8 +1,9 @@
 //! A request's thinking budget from the OpenAI API's `reasoning_effort` and what vLLM's own
 //! per-request `thinking_token_budget` is set to at admission. This module owns the effort
-//! levels, their per-class budgets ([`EffortBudgets`], key `thinking_control.reasoning_effort`),
-//! the room an answer keeps under `max_tokens`, and [`ThinkingControl::admission_budget`], the
-//! budget vLLM enforces where Meridian's logits processor does not run (vLLM's Model Runner V2).
+//! levels, their per-class budgets ([`EffortBudgets`], key `thinking_control.reasoning_effort`)
+//! and the room an answer keeps under `max_tokens`; `thinking.rs` applies them to a request's
+//! control (`ThinkingControl::with_reasoning_effort`) and derives the budget vLLM enforces where
+//! Meridian's logits processor does not run (`ThinkingControl::admission_budget`).
 //! Invariant: a budget given out is at least 1 token and, for an effort, leaves at least
 //! `answer_room_tokens` of `max_tokens` to the answer; an effort that cannot leave that room is
 //! refused as [`Error::InvalidRequestArgs`] naming [`EFFORT_ARG`], never silently shrunk to 0.
@@ -11,7 +12,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{shown, Error, Result};
-use crate::thinking::ThinkingControl;
 
 /// The request argument carrying a request's `reasoning_effort` (`low`, `medium`, `high`).
 /// `MeridianFrontend` copies the OpenAI API's top-level `reasoning_effort` into it; offline
@@ -134,38 +134,12 @@ impl EffortBudgets {
     }
 }
 
-impl ThinkingControl {
-    /// The control with the request's `reasoning_effort` applied: its budget becomes a hard
-    /// budget (the tighter one wins where the control has one already).
-    pub fn with_reasoning_effort(
-        mut self,
-        effort: Option<ReasoningEffort>,
-        max_tokens: Option<u32>,
-    ) -> Result<Self> {
-        if let Some(effort) = effort {
-            let budget = self.reasoning_effort.budget(effort, max_tokens)?;
-            self.budget_tokens = Some(self.budget_tokens.map_or(budget, |own| own.min(budget)));
-        }
-        Ok(self)
-    }
-
-    /// The thinking budget vLLM itself enforces for a request admitted now: the tightest of the
-    /// hard budget and the load-aware budget at the class's TTFAT attainment now (`None`:
-    /// unknown, no tightening), and `client_tokens`, the client's own `thinking_token_budget`.
-    /// `None` when none applies. The budget is fixed for the request's life: the load-aware
-    /// budget follows the attainment further only under Meridian's logits processor.
-    pub fn admission_budget(&self, attainment: Option<f64>, client_tokens: Option<u32>) -> Option<u32> {
-        let load_aware = self.load_aware.map(|rule| rule.effective_budget(attainment));
-        [self.budget_tokens, load_aware, client_tokens].into_iter().flatten().min()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::thinking::LoadAwareBudget;
+    use crate::thinking::{LoadAwareBudget, ThinkingControl};
 
     fn named(err: Error) -> String {
         match err {

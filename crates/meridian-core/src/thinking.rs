@@ -16,7 +16,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::reasoning_effort::EffortBudgets;
+use crate::reasoning_effort::{EffortBudgets, ReasoningEffort};
 
 /// Largest entropy, in nats, accepted as a signal. No distribution over a vocabulary that `u32`
 /// token ids can index exceeds `ln 2³² ≈ 22.2` nats, so a larger value is a caller bug; the
@@ -461,6 +461,32 @@ impl LoadAwareBudget {
             }
             _ => self.budget_tokens,
         }
+    }
+}
+
+impl ThinkingControl {
+    /// The control with the request's `reasoning_effort` applied: its budget becomes a hard
+    /// budget (the tighter one wins where the control has one already).
+    pub fn with_reasoning_effort(
+        mut self,
+        effort: Option<ReasoningEffort>,
+        max_tokens: Option<u32>,
+    ) -> Result<Self> {
+        if let Some(effort) = effort {
+            let budget = self.reasoning_effort.budget(effort, max_tokens)?;
+            self.budget_tokens = Some(self.budget_tokens.map_or(budget, |own| own.min(budget)));
+        }
+        Ok(self)
+    }
+
+    /// The thinking budget vLLM itself enforces for a request admitted now: the tightest of the
+    /// hard budget and the load-aware budget at the class's TTFAT attainment now (`None`:
+    /// unknown, no tightening), and `client_tokens`, the client's own `thinking_token_budget`.
+    /// `None` when none applies. The budget is fixed for the request's life: the load-aware
+    /// budget follows the attainment further only under Meridian's logits processor.
+    pub fn admission_budget(&self, attainment: Option<f64>, client_tokens: Option<u32>) -> Option<u32> {
+        let load_aware = self.load_aware.map(|rule| rule.effective_budget(attainment));
+        [self.budget_tokens, load_aware, client_tokens].into_iter().flatten().min()
     }
 }
 
