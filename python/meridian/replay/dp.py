@@ -42,7 +42,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from meridian._core import Meridian
 from meridian.offline.engine import EngineRun, OfflineEngine, OfflineRequest
 from meridian.replay.policies import HostTier, PolicySpec, ReplayResult, replay_engine
 from meridian.replay.profiles import Profile
@@ -71,19 +70,11 @@ class RankStats:
 def rank_stats(engine: OfflineEngine) -> RankStats:
     """The rank's stats now: vLLM's ``get_request_counts`` and ``get_kv_cache_usage``, and the
     core's ``engine_load`` over vLLM's running and waiting lists."""
-    from meridian.vllm.scheduler import HANDLE_ATTR
+    from meridian.vllm.scheduler import MeridianScheduler
 
     scheduler = engine.scheduler
     num_running, num_waiting = scheduler.get_request_counts()
-    core = getattr(scheduler, "meridian", None)
-    queue = None
-    if isinstance(core, Meridian):
-
-        def handles(requests: Any) -> list[int]:
-            return [h for r in requests if (h := getattr(r, HANDLE_ATTR, None)) is not None]
-
-        waiting = [*scheduler.waiting, *scheduler.kv_holding_waiting]
-        _, queue = core.engine_load(engine.now_ms, handles(scheduler.running), handles(waiting))
+    queue = scheduler.engine_load()[1] if isinstance(scheduler, MeridianScheduler) else None
     return RankStats(num_waiting, num_running, float(scheduler.get_kv_cache_usage()), queue)
 
 

@@ -233,10 +233,11 @@ class MeridianMetrics:
         (vLLM counts no unfinished request while its paused scheduler has nothing to step)."""
         return idle or time.monotonic() - self._last_gauges_s >= GAUGE_PERIOD_S
 
-    def refresh(self, core: Meridian, now_ms: float, running: list[int], waiting: list[int]) -> None:
-        """Sets the gauges from the core's view of the load and mirrors its counters."""
+    def refresh(self, core: Meridian, engine_load: tuple[dict[str, dict[str, int | float | None]], float]) -> None:
+        """Sets the gauges from the core's view of the load (``MeridianScheduler.engine_load``) and
+        mirrors its counters."""
         self._last_gauges_s = time.monotonic()
-        classes, queue = core.engine_load(now_ms, running, waiting)
+        classes, queue = engine_load
         attainment = core.recent_ttfat_attainment()
         for name, load in classes.items():
             of_class = {"class": name}

@@ -221,6 +221,14 @@ class MeridianScheduler(AsyncScheduler):
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 
+    def engine_load(self) -> tuple[dict[str, dict[str, int | float | None]], float]:
+        """The core's ``engine_load`` over vLLM's running and waiting lists now: per class, the
+        requests in each state, least slack and TTFAT headroom, expected remaining output; and the
+        phase-weighted queue. What /metrics publishes and a data-parallel balancer reads."""
+        return self.meridian.engine_load(
+            self.clock_ms(), _handles(self.running), _handles((*self.waiting, *self.kv_holding_waiting))
+        )
+
     @property
     def _meridian_waiting(self) -> MeridianWaitingQueue:
         # `_install_queues` put Meridian's queue in vLLM's `waiting` attribute, typed as vLLM's.
@@ -576,12 +584,7 @@ class MeridianScheduler(AsyncScheduler):
         if self.metrics is None or not self.metrics.due(idle=not self.has_requests()):
             return
         try:
-            self.metrics.refresh(
-                self.meridian,
-                self.clock_ms(),
-                _handles(self.running),
-                _handles((*self.waiting, *self.kv_holding_waiting)),
-            )
+            self.metrics.refresh(self.meridian, self.engine_load())
         except (MeridianError, OSError) as exc:
             # Publishing never takes the engine down: the series stay as they were.
             if not self._metrics_failed:
