@@ -44,6 +44,9 @@ class MeridianWaitingQueue(RequestQueue):
         self._items: deque[Request] = deque(requests)
         self._allowance: int | None = None
         self._popped: list[Request] = []
+        #: Of ``_popped``, how many are counted so far and how many of those were admitted.
+        self._num_counted = 0
+        self._num_admitted = 0
 
     def apply_plan(self, order: list[int], num_admissible: int) -> None:
         """Reorders by ``order`` (a permutation of the current positions) and opens the gate."""
@@ -51,6 +54,7 @@ class MeridianWaitingQueue(RequestQueue):
         self._items = deque(items[i] for i in order)
         self._allowance = num_admissible
         self._popped = []
+        self._num_counted = self._num_admitted = 0
 
     def defer(self, requests: list[Request], position: int) -> None:
         """Moves ``requests`` (already in the queue) to ``position``, in their order: requests the
@@ -64,10 +68,16 @@ class MeridianWaitingQueue(RequestQueue):
         """Lifts the allowance after the step (vLLM code outside ``schedule()`` sees plain FCFS)."""
         self._allowance = None
         self._popped = []
+        self._num_counted = self._num_admitted = 0
 
     def num_admitted(self) -> int:
-        """Requests the waiting loop admitted since the plan opened the gate."""
-        return sum(r.status in _ADMITTED_STATUSES for r in self._popped)
+        """Requests the waiting loop admitted since the plan opened the gate. A popped request's
+        fate is settled by the time the loop asks again, so each is counted once (the loop asks
+        once per request it looks at: linear, not quadratic, in the step's admissions)."""
+        for request in self._popped[self._num_counted :]:
+            self._num_admitted += request.status in _ADMITTED_STATUSES
+        self._num_counted = len(self._popped)
+        return self._num_admitted
 
     def add_request(self, request: Request) -> None:
         self._items.append(request)
