@@ -1,14 +1,16 @@
-"""Run as: .venv/bin/python bench/results/capacity_grid_2026-12-04/capacity_grid.py azure-code-03,azure-conv-05,mooncake-02 OUT.json
-(rates from bench/results/corpus_2026-12-03-final/corpus.json; replays cached under .cache/).
+"""Capacity check on a grid (results: bench/results/capacity_grid_2026-12-04/): FCFS's
+80%-attainment rate interpolated from the saved 0.9/0.7 load points (and probed), then each
+policy probed at multiples of it; per scenario the highest multiple at which the policy still
+meets every target for >= 80% of requests. Rates from
+bench/results/corpus_2026-12-03-final/corpus.json; replays cached under .cache/.
 
-Capacity check on a grid: FCFS's 80%-attainment rate interpolated from the saved 0.9/0.7 load
-points (and probed), then each policy probed at multiples of it; per scenario the highest multiple
-at which the policy still meets every target for >= 80% of requests."""
+    .venv/bin/python bench/capacity_grid.py azure-code-03,azure-conv-05,mooncake-02 OUT.json
+"""
 import json, sys, time
 from pathlib import Path
 import numpy as np
 from meridian.replay.corpus import Corpus, columns, make_corpus
-REPO = Path("/work/main")
+REPO = Path(__file__).resolve().parent.parent
 MULTS = [1.3, 1.45]
 saved = json.load(open(REPO / "bench/results/corpus_2026-12-03-final/corpus.json"))["loads"]
 names = sys.argv[1].split(",")
