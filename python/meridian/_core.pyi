@@ -298,6 +298,9 @@ class FinishedRequest:
         the budget vLLM enforced for it); ``None`` when the thinking ended on its own."""
     @property
     def thinking_stopped_after_tokens(self) -> int | None: ...
+    @property
+    def probe(self) -> bool:
+        """An internal EAT probe: its output must not reach a client."""
 
 @final
 class Meridian:
@@ -336,6 +339,12 @@ class Meridian:
         """
     def add_probe(self, req_id: str, arrival_ms: float, prompt_token_ids: Sequence[int], parent: int) -> int:
         """Tracks an internal EAT probe of ``parent`` (its class, one token, kept out of the counters)."""
+    def is_probe(self, handle: int) -> bool:
+        """Whether a live request is an internal EAT probe."""
+    def num_live_probes(self) -> int:
+        """How many internal EAT probes are live."""
+    def thinking_endings(self) -> list[str]:
+        """The ids of the live requests whose thinking a plan ended, until they finish."""
     def plan_step(self, now_ms: float, running: list[int], waiting: list[int], num_free_blocks: int) -> StepPlan: ...
     def engine_load(
         self, now_ms: float, running: list[int], waiting: list[int]

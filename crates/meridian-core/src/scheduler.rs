@@ -239,6 +239,11 @@ pub struct Meridian {
     start_rate: load::RateMeter,
     /// Whether any class sheds (the plan skips the triage pass otherwise).
     any_shed_class: bool,
+    /// Live requests whose thinking a plan ended ([`Tracked::thinking_ended`]): while none,
+    /// [`Self::thinking_endings`] reads no slot.
+    num_thinking_ended: usize,
+    /// Live EAT probes ([`Self::add_probe`]).
+    num_live_probes: usize,
     /// Per slot, this plan's judgement of each listed request ([`Self::judge`]): 0 viable, else
     /// 1 + the [`ShedReason`] it would miss. The ordering keys and the triage read it, so a
     /// request is judged once per plan.
@@ -300,6 +305,8 @@ impl Meridian {
                 })
                 .collect(),
             any_shed_class: class_triage.contains(&OnOverload::Shed),
+            num_thinking_ended: 0,
+            num_live_probes: 0,
             judgements: Vec::new(),
             degrades: false,
             last_decode_step_ms: 0.0,
@@ -493,8 +500,31 @@ impl Meridian {
         self.stats.num_probe_prompt_tokens += prompt_token_ids.len() as u64;
         if let Some(tracked) = self.slots[handle.slot()].request.as_mut() {
             tracked.probe = true;
+            self.num_live_probes += 1;
         }
         Ok(handle)
+    }
+
+    /// Whether a live request is an internal EAT probe ([`Self::add_probe`]); a finished one says
+    /// so in [`FinishedRequest::probe`].
+    pub fn is_probe(&self, handle: ReqHandle) -> Result<bool> {
+        Ok(self.get(handle)?.probe)
+    }
+
+    /// How many internal EAT probes are live: while none, no output needs [`Self::is_probe`].
+    pub fn num_live_probes(&self) -> usize {
+        self.num_live_probes
+    }
+
+    /// The ids of the live requests whose thinking a plan ended ([`StepPlan::end_thinking`]),
+    /// until they finish: what the thinking worker (the logits processor over the bus, the
+    /// replay's scripted model) must keep ending. In slot order.
+    pub fn thinking_endings(&self) -> Vec<&str> {
+        if self.num_thinking_ended == 0 {
+            return Vec::new();
+        }
+        let live = self.slots.iter().filter_map(|slot| slot.request.as_ref());
+        live.filter(|r| r.thinking_ended).map(|r| r.req_id.as_str()).collect()
     }
 
     /// Decides the step. `running` and `waiting` are the handles of vLLM's `running` list and
@@ -708,6 +738,8 @@ impl Meridian {
         self.hot[handle.slot()].live = false;
         self.free_slots.push(handle.slot() as u32);
         self.by_req_id.remove(&request.req_id);
+        self.num_thinking_ended -= usize::from(request.thinking_ended);
+        self.num_live_probes -= usize::from(request.probe);
 
         let end_ms = request.ledger.last_token_ms.unwrap_or(request.ledger.arrival_ms);
         request.ledger.finish_ms = Some(now_ms.max(end_ms));
@@ -721,6 +753,7 @@ impl Meridian {
                 never_reusable_from_token: None,
                 shed: None,
                 thinking_stop: None,
+                probe: true,
                 reason,
                 unknown_finish_reason,
                 class: request.class,
@@ -758,6 +791,7 @@ impl Meridian {
             never_reusable_from_token,
             shed: request.shed,
             thinking_stop,
+            probe: false,
             reason,
             unknown_finish_reason,
             class: request.class,

@@ -250,6 +250,7 @@ struct PyFinishedRequest {
     shed: Option<&'static str>,
     thinking_stopped_by: Option<&'static str>,
     thinking_stopped_after_tokens: Option<u32>,
+    probe: bool,
 }
 
 /// The restore-or-recompute choice for one KV tier hit.
@@ -332,6 +333,21 @@ impl PyMeridian {
             .add_probe(req_id, arrival_ms, &prompt_token_ids, core::ReqHandle(parent))
             .map(|h| h.0)
             .map_err(to_py)
+    }
+
+    /// Whether a live request is an internal EAT probe.
+    fn is_probe(&self, handle: u64) -> PyResult<bool> {
+        self.inner.is_probe(core::ReqHandle(handle)).map_err(to_py)
+    }
+
+    /// How many internal EAT probes are live.
+    fn num_live_probes(&self) -> usize {
+        self.inner.num_live_probes()
+    }
+
+    /// The ids of the live requests whose thinking a plan ended, until they finish.
+    fn thinking_endings(&self) -> Vec<&str> {
+        self.inner.thinking_endings()
     }
 
     /// Decides one step from the handles of `running` and `waiting` in their current order.
@@ -514,6 +530,7 @@ impl PyMeridian {
             shed: done.shed.map(|r| r.name()),
             thinking_stopped_by: done.thinking_stop.map(|s| s.reason.as_str()),
             thinking_stopped_after_tokens: done.thinking_stop.map(|s| s.num_think_tokens),
+            probe: done.probe,
             req_id: done.req_id,
         })
     }

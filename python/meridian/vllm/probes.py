@@ -4,47 +4,45 @@ The logits processor asks for a probe (parent ``req_id`` and how many of its out
 probe covers) over the bus; ``ProbeBook`` builds it from the parent the scheduler holds — the
 parent's prompt and outputs so far, then the reasoning-end marker, one greedy token — with the
 parent's block hasher, LoRA and cache salt, so everything up to the parent's last full block is a
-prefix-cache hit, and keeps the books: which requests in flight are probes, how many were made,
-how many of their prompt tokens came from the prefix cache. Invariant: a probe's outputs never
-reach a client; they are dropped from every batch before vLLM's outputs leave the scheduler.
+prefix-cache hit, and drops the probes' outputs; the core says which requests are probes and
+counts them. Invariant: a probe's outputs never reach a client; they are dropped from every batch
+before vLLM's outputs leave the scheduler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from meridian.vllm.names import PROBE_FOR_ARG, PROBE_ID_INFIX
 
 if TYPE_CHECKING:
-    from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.engine import EngineCoreOutputs
     from vllm.v1.request import Request
 
 
 class ProbeBook:
-    """Builds EAT probes and tracks the ones in flight."""
+    """Builds EAT probes and drops their outputs. Which requests are probes is the core's word
+    (``Meridian.is_probe`` while live, ``FinishedRequest.probe`` at the finish): the book holds only
+    the probes that finished during the step whose outputs it has not dropped yet."""
 
     def __init__(self, end_ids: list[int]) -> None:
         self._end_ids = end_ids
-        self._in_flight: set[str] = set()
-        #: Probes made since start.
+        #: Probes finished in the step being turned into outputs (vLLM has forgotten them by the
+        #: time the outputs are filtered, so the core's report is the only word left).
+        self._finished: set[str] = set()
+        #: Probes made since start (their ids' sequence numbers).
         self.num_probes = 0
-        #: Probe prompt tokens served from the prefix cache (the rest is the probes' cost).
-        self.num_cached_tokens = 0
-
-    def is_probe(self, req_id: str) -> bool:
-        return req_id in self._in_flight
 
     def build(self, parent: Request, num_output_tokens: int) -> Request:
-        """A probe of ``parent`` covering its first ``num_output_tokens`` outputs, now in flight."""
+        """A probe of ``parent`` covering its first ``num_output_tokens`` outputs."""
         from vllm import SamplingParams
         from vllm.v1.request import Request as VllmRequest
 
         self.num_probes += 1
         outputs = list(parent.output_token_ids[:num_output_tokens])
         params = SamplingParams(max_tokens=1, temperature=0.0, extra_args={PROBE_FOR_ARG: parent.request_id})
-        probe = VllmRequest(
+        return VllmRequest(
             request_id=f"{parent.request_id}{PROBE_ID_INFIX}{self.num_probes}",
             prompt_token_ids=[*(parent.prompt_token_ids or []), *outputs, *self._end_ids],
             sampling_params=params,
@@ -54,30 +52,22 @@ class ProbeBook:
             cache_salt=parent.cache_salt,
             block_hasher=parent._block_hasher,
         )
-        self._in_flight.add(probe.request_id)
-        return probe
 
-    def count_cached(self, output: SchedulerOutput) -> None:
-        """Adds the prefix-cache hits of the probes this step admitted."""
-        if self._in_flight:
-            self.num_cached_tokens += sum(
-                new.num_computed_tokens for new in output.scheduled_new_reqs if new.req_id in self._in_flight
-            )
+    def finished(self, req_id: str) -> None:
+        """A probe the core reported finished: its last output is dropped with this step's."""
+        self._finished.add(req_id)
 
-    def drop_outputs(self, outputs: dict[int, EngineCoreOutputs], live_req_ids: Container[str]) -> None:
-        """Removes every probe's output from ``outputs``; forgets probes that are done."""
-        if not self._in_flight:
+    def drop_outputs(
+        self, outputs: dict[int, EngineCoreOutputs], any_live: bool, is_live_probe: Callable[[str], bool]
+    ) -> None:
+        """Removes every probe's output from ``outputs``: the ones that finished this step and,
+        when ``any_live``, the live ones ``is_live_probe`` names."""
+        finished, self._finished = self._finished, set()
+        if not finished and not any_live:
             return
-        done: set[str] = set()
         for batch in outputs.values():
-            kept: list[Any] = []
-            for out in batch.outputs:
-                if out.request_id in self._in_flight:
-                    if out.finish_reason is not None:
-                        done.add(out.request_id)
-                else:
-                    kept.append(out)
-            batch.outputs = kept
-            if batch.finished_requests:
-                batch.finished_requests -= self._in_flight
-        self._in_flight -= {req_id for req_id in done if req_id not in live_req_ids}
+            batch.outputs = [
+                out for out in batch.outputs if out.request_id not in finished and not is_live_probe(out.request_id)
+            ]
+            if batch.finished_requests and finished:
+                batch.finished_requests -= finished

@@ -178,10 +178,6 @@ class MeridianScheduler(AsyncScheduler):
         self.probes = ProbeBook(markers.end)
         #: The channel to MeridianThinkingProcessor; none (and nothing polled per step) without it.
         self._bus = SchedulerEndpoint() if processor_configured(self.vllm_config) else None
-        #: Requests whose thinking a plan ended to answer in time (``degrade``), until they
-        #: finish: what the thinking worker reads (the processor over the bus; the replay's
-        #: scripted model directly).
-        self.thinking_endings: set[str] = set()
         self.meridian.set_thinking_worker(self._bus is not None)
         #: Without the processor (vLLM's Model Runner V2 loads no V1 logits processor), vLLM's own
         #: per-request thinking budget carries each request's hard, effort and load-aware budget:
@@ -287,7 +283,6 @@ class MeridianScheduler(AsyncScheduler):
         held = [running[i] for i in plan.held]
         victims = [running[i] for i in plan.preempt]
         shed = self._shed_requests(plan.shed, running)
-        self.thinking_endings.update(running[i].request_id for i in plan.end_thinking)
         set_aside = {id(r) for r in held} | {id(r) for r in victims} | {id(r) for r, _ in shed}
         # Held requests sit the step out: vLLM only schedules (and only preempts) what is in
         # `running`, so they keep their KV and rejoin at the back right after.
@@ -311,7 +306,6 @@ class MeridianScheduler(AsyncScheduler):
         setattr(output, SHAPE_ATTR, convert.step_shape(output, self.requests))
         if output.preempted_req_ids:
             self._record_preemptions(output.preempted_req_ids)
-        self.probes.count_cached(output)
         if self._step_log is not None:
             # Meridian's own share of the call, vLLM's scheduling left out: what the step log reports.
             setattr(output, COST_ATTR, (handed_over - started + time.perf_counter() - returned) * 1000.0)
@@ -335,9 +329,9 @@ class MeridianScheduler(AsyncScheduler):
             )
         self._record_tokens(now_ms, outputs.values())
         self._emit_ended(outputs)
-        self.probes.drop_outputs(outputs, self.requests)
+        self.probes.drop_outputs(outputs, self.meridian.num_live_probes() > 0, self._is_live_probe)
         if self._bus is not None:
-            self._bus.publish(self.meridian.recent_ttfat_attainment(), frozenset(self.thinking_endings))
+            self._bus.publish(self.meridian.recent_ttfat_attainment(), self.thinking_endings)
         self._publish_arrival(now_ms)
         if self._step_log is not None and shape is not None:
             meridian_ms = getattr(scheduler_output, COST_ATTR, 0.0) + (time.perf_counter() - started) * 1000.0
@@ -477,6 +471,18 @@ class MeridianScheduler(AsyncScheduler):
         if handles:
             self.meridian.on_tokens_batch(now_ms, handles, counts, flat)
 
+    @property
+    def thinking_endings(self) -> frozenset[str]:
+        """Requests whose thinking a plan ended to answer in time (``degrade``), until they
+        finish (the core's list): what the thinking worker reads (the processor over the bus;
+        the replay's scripted model directly)."""
+        return frozenset(self.meridian.thinking_endings())
+
+    def _is_live_probe(self, req_id: str) -> bool:
+        request = self.requests.get(req_id)
+        handle = getattr(request, HANDLE_ATTR, None) if request is not None else None
+        return handle is not None and self.meridian.is_probe(handle)
+
     def attach_thinking_worker(self) -> None:
         """Something other than ``MeridianThinkingProcessor`` ends thinking for this scheduler (the
         replay's scripted model reads ``thinking_endings``): plans may end thinking to answer in
@@ -484,7 +490,6 @@ class MeridianScheduler(AsyncScheduler):
         self.meridian.set_thinking_worker(True)
 
     def _finish_in_core(self, request: Request, handle: int) -> None:
-        self.thinking_endings.discard(request.request_id)
         # A stop the processor reported during this step reaches the core before the finish does.
         self._take_thinking_stops()
         # The request's last tokens were appended inside super().update_from_output(), before
@@ -499,7 +504,8 @@ class MeridianScheduler(AsyncScheduler):
                 request.request_id,
                 report.unknown_finish_reason,
             )
-        if self.probes.is_probe(request.request_id):
+        if report.probe:
+            self.probes.finished(request.request_id)
             return
         self.finished_reports.append(report)
         if self.metrics is not None:

@@ -132,7 +132,7 @@ impl Meridian {
         // Viable waiting requests by rank: who a new request of each class would queue behind.
         let mut waiting_by_rank = [0u32; 256];
         for (&h, is_waiting) in running.iter().map(|h| (h, false)).chain(waiting.iter().map(|h| (h, true))) {
-            if self.is_probe(h) {
+            if self.is_probe(h).unwrap_or(false) {
                 continue;
             }
             num_running += usize::from(!is_waiting);
@@ -194,10 +194,6 @@ impl Meridian {
         };
         let left_by_limit = f64::from(r.max_tokens.saturating_sub(r.num_output_tokens));
         (remaining.min(left_by_limit), fresh)
-    }
-
-    fn is_probe(&self, handle: ReqHandle) -> bool {
-        self.slots[handle.slot()].request.as_ref().is_some_and(|t| t.probe)
     }
 }
 

@@ -385,6 +385,7 @@ impl Meridian {
             let h = running[i as usize];
             if let Some(r) = self.slots[h.slot()].request.as_mut() {
                 r.thinking_ended = true;
+                self.num_thinking_ended += 1;
                 self.class_counters[r.class.index()].num_degraded += 1;
             }
             self.refresh_hot(h);
@@ -628,10 +629,16 @@ mod tests {
             let expected: &[u32] = if worker { &[1] } else { &[] };
             assert_eq!(plan.end_thinking, expected, "worker {worker}");
             assert!(plan.shed.is_empty(), "degrade never sheds");
-            // Once per request.
+            // Once per request; the worker keeps reading it until the request finishes.
             assert!(core.plan_step(9_480.0, &running, &[], 1000).unwrap().end_thinking.is_empty());
+            let endings: &[&str] = if worker { &["thinker"] } else { &[] };
+            assert_eq!(core.thinking_endings(), endings);
             assert_eq!(core.class_counters()[0].num_degraded, u64::from(worker));
             assert_eq!(core.stats().num_degraded, u64::from(worker));
+            assert!(!core.finish(9_500.0, answerer, "stop", &[]).unwrap().probe);
+            assert_eq!(core.thinking_endings(), endings, "another request's finish leaves it");
+            core.finish(9_500.0, thinker, "stop", &[]).unwrap();
+            assert!(core.thinking_endings().is_empty());
         }
     }
 

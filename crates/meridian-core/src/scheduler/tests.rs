@@ -383,9 +383,14 @@ fn probes_run_in_the_parents_class_and_stay_out_of_the_books() {
     core.on_tokens(1.0, parent, &[THINK, WORD, WORD]).unwrap();
     let before = core.stats();
     let probe = core.add_probe("p-probe-1", 2.0, &[5, 6, THINK, WORD, WORD, END], parent).unwrap();
+    assert_eq!((core.is_probe(probe).unwrap(), core.is_probe(parent).unwrap()), (true, false));
+    assert_eq!(core.num_live_probes(), 1);
     core.on_tokens(3.0, probe, &[WORD]).unwrap();
     assert_eq!(core.phase(probe).unwrap(), Phase::Answer, "the appended marker closed the reasoning");
     let done = core.finish(3.0, probe, "length", &[]).unwrap();
+    assert!(done.probe, "the report says its output must not reach a client");
+    assert_eq!(core.num_live_probes(), 0);
+    assert!(core.is_probe(probe).is_err(), "a finished probe's handle is stale");
     assert_eq!(done.never_reusable_from_token, None, "the parent's reasoning blocks stay cached");
     let interactive = core.config().class_by_name("interactive").unwrap();
     assert_eq!(done.class, interactive);

@@ -151,6 +151,9 @@ pub struct FinishedRequest {
     /// reported by the logits processor, or inferred from the budget vLLM enforced for it; `None`
     /// when its thinking ended on its own.
     pub thinking_stop: Option<FiredAt>,
+    /// It was an internal EAT probe ([`crate::Meridian::add_probe`]): its output must not reach
+    /// a client, and it is in no counter.
+    pub probe: bool,
 }
 
 /// What the core holds on the heap, for checking that a long-running engine stays flat: every
