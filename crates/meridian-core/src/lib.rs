@@ -42,7 +42,6 @@ pub mod scheduler;
 pub mod slo;
 pub mod step_model;
 pub mod thinking;
-pub mod thinking_stream;
 
 pub use admission::{ArrivalDecision, ArrivalGate, ArrivalSnapshot, ARRIVAL_SNAPSHOT_FORMAT};
 pub use config::{
@@ -67,7 +66,6 @@ pub use slo::{ClassId, OnOverload, ShedUntil, SloClass, SloTargets, WaitingOrder
 pub use step_model::{StepCoefficients, StepShape};
 pub use thinking::{
     Boundaries, Boundary, ClosingPolicy, EatRule, EatSignal, FiredAt, IgnoredInputs, LoadAwareBudget,
-    ProxyRule, RpdiRule, RpdiSignal, StopReason, ThinkingControl, ThinkingState, THINKING_ARG,
-    THINKING_BUDGET_ARG,
+    ProxyRule, RpdiRule, RpdiSignal, StopReason, StreamPhase, ThinkingControl, ThinkingState, ThinkingStream,
+    TokenSignals, THINKING_ARG, THINKING_BUDGET_ARG,
 };
-pub use thinking_stream::{StreamPhase, ThinkingStream, TokenSignals};

@@ -1,7 +1,7 @@
 //! A request's thinking budget from the OpenAI API's `reasoning_effort` and what vLLM's own
 //! per-request `thinking_token_budget` is set to at admission. This module owns the effort
 //! levels, their per-class budgets ([`EffortBudgets`], key `thinking_control.reasoning_effort`)
-//! and the room an answer keeps under `max_tokens`; `thinking.rs` applies them to a request's
+//! and the room an answer keeps under `max_tokens`; `thinking/control.rs` applies them to a request's
 //! control (`ThinkingControl::with_reasoning_effort`) and derives the budget vLLM enforces where
 //! Meridian's logits processor does not run (`ThinkingControl::admission_budget`).
 //! Invariant: a budget given out is at least 1 token and, for an effort, leaves at least

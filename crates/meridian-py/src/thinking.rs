@@ -1,6 +1,6 @@
 //! Bindings of the core's thinking control: the per-request control ([`PyThinkingControl`]) and
 //! the token-by-token stream the logits processor feeds ([`PyThinkingStream`]). Conversion and
-//! delegation only; every decision is `meridian_core::thinking_stream`'s.
+//! delegation only; every decision is `meridian_core::thinking::stream`'s.
 
 use meridian_core as core;
 use pyo3::prelude::*;

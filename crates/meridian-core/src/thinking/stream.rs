@@ -6,8 +6,11 @@
 //! forced sequence starts only after a rule fired while thinking, is emitted in order exactly
 //! once, and a request whose reasoning ended on its own is never forced.
 
+use super::boundaries::{char_suffix, Boundary, MAX_BOUNDARY_MARKER_CHARS};
+use super::control::ThinkingControl;
+use super::state::{StopReason, ThinkingState};
 use crate::error::{Error, Result};
-use crate::thinking::{char_suffix, StopReason, ThinkingControl, ThinkingState, MAX_BOUNDARY_MARKER_CHARS};
+use crate::phase::SequenceMatcher;
 
 /// Where a request's reasoning stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,12 +57,14 @@ pub struct TokenSignals {
 pub struct ThinkingStream {
     control: ThinkingControl,
     state: ThinkingState,
-    start_ids: Vec<u32>,
-    end_ids: Vec<u32>,
+    /// The reasoning markers, matched as the phase tracker matches them (a marker split over
+    /// tokens or steps is still seen), and each one's progress through the output so far.
+    start: SequenceMatcher,
+    end: SequenceMatcher,
+    start_state: u16,
+    end_state: u16,
     forced_ids: Vec<u32>,
     phase: StreamPhase,
-    /// Last tokens, as many as the longer marker, to recognise a marker split over tokens.
-    recent_ids: Vec<u32>,
     /// Last characters of the reasoning text, to find a line marker split over tokens.
     text_tail: String,
     probe_due: bool,
@@ -94,8 +99,8 @@ impl ThinkingStream {
                 "the forced sequence must end with the end marker",
             ));
         }
-        let phase = if start_ids.is_empty() || prompt_opens_reasoning(prompt_token_ids, &start_ids, &end_ids)
-        {
+        let (start, end) = (SequenceMatcher::new(start_ids), SequenceMatcher::new(end_ids));
+        let phase = if start.is_empty() || prompt_opens_reasoning(prompt_token_ids, &start, &end) {
             StreamPhase::Thinking
         } else {
             StreamPhase::BeforeThinking
@@ -103,11 +108,12 @@ impl ThinkingStream {
         Ok(Self {
             control,
             state: ThinkingState::new(),
-            start_ids,
-            end_ids,
+            start,
+            end,
+            start_state: 0,
+            end_state: 0,
             forced_ids,
             phase,
-            recent_ids: Vec::new(),
             text_tail: String::new(),
             probe_due: false,
             num_forced_tokens: 0,
@@ -134,34 +140,39 @@ impl ThinkingStream {
     /// distribution it came from. Returns the rule that fired on it, if any; from the next token
     /// on, [`Self::forced_token`] names what to emit.
     pub fn on_token(&mut self, token_id: u32, token_text: &str, signals: TokenSignals) -> Option<StopReason> {
-        self.remember(token_id);
+        let (opened, closed) = self.match_markers(token_id);
         match self.phase {
             StreamPhase::BeforeThinking => {
-                if ends_with(&self.recent_ids, &self.start_ids) {
+                if opened {
                     self.phase = StreamPhase::Thinking;
                 }
                 None
             }
-            StreamPhase::Thinking => self.on_thinking_token(token_text, signals),
+            StreamPhase::Thinking => self.on_thinking_token(closed, token_text, signals),
             StreamPhase::Forcing { next } => {
-                self.on_forcing_token(next, token_id);
+                self.on_forcing_token(next, token_id, closed);
                 None
             }
             StreamPhase::Answering => None,
         }
     }
 
-    fn remember(&mut self, token_id: u32) {
-        let keep = self.start_ids.len().max(self.end_ids.len());
-        self.recent_ids.push(token_id);
-        if self.recent_ids.len() > keep {
-            let excess = self.recent_ids.len() - keep;
-            self.recent_ids.drain(..excess);
-        }
+    /// Feeds the token to both marker matchers, whatever the phase (a marker may begin before
+    /// the phase that looks for it): whether it completed the start marker, and the end marker.
+    fn match_markers(&mut self, token_id: u32) -> (bool, bool) {
+        let (start_state, opened) = self.start.advance(self.start_state, token_id);
+        let (end_state, closed) = self.end.advance(self.end_state, token_id);
+        (self.start_state, self.end_state) = (start_state, end_state);
+        (opened, closed)
     }
 
-    fn on_thinking_token(&mut self, token_text: &str, signals: TokenSignals) -> Option<StopReason> {
-        if ends_with(&self.recent_ids, &self.end_ids) {
+    fn on_thinking_token(
+        &mut self,
+        closed: bool,
+        token_text: &str,
+        signals: TokenSignals,
+    ) -> Option<StopReason> {
+        if closed {
             // The model closed its reasoning itself.
             self.phase = StreamPhase::Answering;
             self.probe_due = false;
@@ -180,13 +191,13 @@ impl ThinkingStream {
         );
         if fired.is_some() {
             self.start_forcing();
-        } else if boundary == crate::thinking::Boundary::Line && self.control.wants_eat_probes() {
+        } else if boundary == Boundary::Line && self.control.wants_eat_probes() {
             self.probe_due = true;
         }
         fired
     }
 
-    fn on_forcing_token(&mut self, next: usize, token_id: u32) {
+    fn on_forcing_token(&mut self, next: usize, token_id: u32, closed: bool) {
         if self.forced_ids.get(next) == Some(&token_id) {
             self.num_forced_tokens = self.num_forced_tokens.saturating_add(1);
             self.phase = if next + 1 >= self.forced_ids.len() {
@@ -194,7 +205,7 @@ impl ThinkingStream {
             } else {
                 StreamPhase::Forcing { next: next + 1 }
             };
-        } else if ends_with(&self.recent_ids, &self.end_ids) {
+        } else if closed {
             // Something later in the sampler overrode the mask, but the reasoning ended anyway.
             self.phase = StreamPhase::Answering;
         } else {
@@ -272,23 +283,12 @@ impl ThinkingStream {
     }
 }
 
-/// Whether the prompt's last reasoning-start marker comes after its last end marker.
-fn prompt_opens_reasoning(prompt: &[u32], start_ids: &[u32], end_ids: &[u32]) -> bool {
-    match last_index_of(prompt, start_ids) {
-        Some(start) => last_index_of(prompt, end_ids).is_none_or(|end| start > end),
+/// Whether the prompt's last reasoning-start marker ends after its last end marker.
+fn prompt_opens_reasoning(prompt: &[u32], start: &SequenceMatcher, end: &SequenceMatcher) -> bool {
+    match start.last_end_in(prompt) {
+        Some(start) => end.last_end_in(prompt).is_none_or(|end| start > end),
         None => false,
     }
-}
-
-fn last_index_of(haystack: &[u32], needle: &[u32]) -> Option<usize> {
-    if needle.is_empty() || needle.len() > haystack.len() {
-        return None;
-    }
-    (0..=haystack.len() - needle.len()).rev().find(|&i| haystack[i..i + needle.len()] == *needle)
-}
-
-fn ends_with(recent: &[u32], marker: &[u32]) -> bool {
-    !marker.is_empty() && recent.ends_with(marker)
 }
 
 #[cfg(test)]
@@ -296,7 +296,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::thinking::{Boundaries, Boundary};
+    use crate::thinking::Boundaries;
 
     const START: u32 = 1;
     const END: u32 = 2;
@@ -461,6 +461,38 @@ mod tests {
     }
 
     proptest! {
+        /// Multi-token markers, split anywhere across tokens and overlapping themselves: the
+        /// reasoning opens at the first output ending with the start marker and closes at the
+        /// first output after that ending with the end marker, or at once when the prompt's last
+        /// start marker ends after its last end marker.
+        #[test]
+        fn markers_are_seen_wherever_they_are_split(
+            start_ids in proptest::collection::vec(0u32..3, 1..4),
+            end_ids in proptest::collection::vec(0u32..3, 1..4),
+            prompt in proptest::collection::vec(0u32..3, 0..12),
+            output in proptest::collection::vec(0u32..3, 0..60),
+        ) {
+            let mut s = ThinkingStream::new(control("{}"), &prompt, start_ids.clone(), end_ids.clone(), end_ids.clone())
+                .unwrap();
+            let last_end_of = |tokens: &[u32], marker: &[u32]| {
+                (marker.len()..=tokens.len()).rev().find(|&e| tokens[..e].ends_with(marker))
+            };
+            let opens = last_end_of(&prompt, &start_ids)
+                .is_some_and(|start| last_end_of(&prompt, &end_ids).is_none_or(|end| start > end));
+            let mut expected = if opens { StreamPhase::Thinking } else { StreamPhase::BeforeThinking };
+            prop_assert_eq!(s.phase(), expected);
+            for i in 0..output.len() {
+                s.on_token(output[i], " w", TokenSignals::default());
+                let seen = &output[..=i];
+                expected = match expected {
+                    StreamPhase::BeforeThinking if seen.ends_with(&start_ids) => StreamPhase::Thinking,
+                    StreamPhase::Thinking if seen.ends_with(&end_ids) => StreamPhase::Answering,
+                    other => other,
+                };
+                prop_assert_eq!(s.phase(), expected, "after {:?}", seen);
+            }
+        }
+
         /// Whatever the token sequence and signals, forcing happens at most once, in order, and
         /// only after a firing; a natural end is never followed by forcing.
         #[test]
