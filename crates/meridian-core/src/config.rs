@@ -7,19 +7,22 @@
 //! configured tool-call marker that is not one token. Names the operator writes (policies) are
 //! defined here once.
 //!
-//! This module is also the one source of the configuration's reference: the raw structs the parser
-//! reads carry each key's explanation as their doc comments, [`Config::json_schema`] derives a
-//! JSON Schema from those same structs (so it lists exactly the keys the parser accepts, with their
-//! types and explanations), and [`Config::to_json`] writes a validated configuration back as the
-//! block that parses to it (for the defaults: `Config::default().to_json()`). The documentation's
+//! Every key is declared once, as a row of the key tables below (`config_root!` for the top
+//! level, `config_section!` for each block; the `table` module): its doc comment, type, default and
+//! range check. From that row come the raw field the parser reads, the validated field, the
+//! validation (whose error names the dotted key) and the serialization back, so this module is
+//! also the one source of the configuration's reference: [`Config::json_schema`] derives a JSON
+//! Schema from the raw structs (exactly the keys the parser accepts, with their types and doc
+//! comments), and [`Config::to_json`] writes a validated configuration back as the block that
+//! parses to it (for the defaults: `Config::default().to_json()`). The documentation's
 //! configuration page is generated from the two; `Config::from_json(&c.to_json()) == c` holds for
-//! every `c`.
+//! every `c`. Only the keys whose validated form is not their raw one (the classes, the default
+//! class, the priority map, the tool-call markers) are converted by hand.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
-use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
+use schemars::JsonSchema;
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -27,6 +30,15 @@ use crate::error::{Error, Result};
 use crate::predictor::LearningRate;
 use crate::slo::{ClassId, OnOverload, ShedUntil, SloClass, SloTargets, WaitingOrder};
 use crate::thinking::ThinkingControl;
+
+#[macro_use]
+mod table;
+mod check;
+
+use check::{
+    at_least_one, file_path, forgetting, fraction, in_unit_interval, length_sample, non_negative,
+    open_unit_interval, positive, positive_u32, shed_status, thinking_rules,
+};
 
 /// What happens to the KV blocks of a finished reasoning request from the start of its reasoning on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
@@ -39,12 +51,12 @@ pub enum ReasoningBlockRule {
     /// Treat them like any other prefix-cache block.
     Never,
 }
-
-/// Which scheduling policy the core runs. `Meridian` is the product; the others exist so the
-/// replay can measure the product against its own ablation and published alternatives with the
-/// same engine, the same shim and the same metrics. The configuration names them by
-/// [`Policy::name`] (key `policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which scheduling policy the core runs, named by [`Policy::name`] (key `policy`).
+// Each variant's doc comment is its one description: the JSON Schema carries it to the
+// configuration reference and, through the binding's `config_schema()`, to the replay's list of
+// policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, JsonSchema)]
+#[schemars(rename_all = "snake_case")]
 pub enum Policy {
     /// Dual queue with slack ordering, step budget, admission reserve and eviction tiers.
     Meridian,
@@ -63,6 +75,7 @@ pub enum Policy {
     /// large, the one whose blocks free the most room — is vLLM's preemption victim. vLLM's own
     /// budget and admission; no eviction tiers. The paper's exact boost function is not in the
     /// sources we had (abstract and project page); this is our reading of it, documented as such.
+    #[schemars(rename = "uniboost")]
     UniBoost,
     /// Least-deadline-first with a TTFT guard and a TPOT guard (after SCORPIO, arXiv 2505.23022):
     /// waiting requests in order of their TTFT deadline, those that can no longer make it (now +
@@ -118,53 +131,34 @@ impl Serialize for Policy {
     }
 }
 
-impl JsonSchema for Policy {
-    fn schema_name() -> Cow<'static, str> {
-        "Policy".into()
+config_section! {
+    /// Raw `step_time` block.
+    #[schemars(rename = "StepTimeProfile")]
+    raw RawStepTime at "step_time.";
+    /// The validated `step_time` block ([`Config::step_time`]): the step-time model's seed,
+    /// `step_ms = base_ms + per_prefill_token_ms · prompt tokens computed + per_decode_request_ms
+    /// · requests decoding + per_context_token_ms · KV tokens read`. The defaults are an H200
+    /// serving an 8B-class model in bf16, read off the replay profile `h200-qwen3-8b` (whose file
+    /// cites every number): ~5.5 ms for a one-request decode (16 GB of weights at ~3.8 TB/s
+    /// effective plus launch overhead); ~0.028 ms per prompt token (16 GFLOP at ~590 TFLOP/s
+    /// effective); ~3.8e-5 ms per context token (147 kB of KV at ~3.8 TB/s); a small per-request
+    /// cost for sampling and per-request kernels.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct StepTimeProfile {
+        /// Fixed cost of one forward pass (weights read, launch overhead).
+        base_ms: f64 = 5.5 => non_negative,
+        /// Marginal cost of one prompt token computed (compute-bound).
+        per_prefill_token_ms: f64 = 0.028 => positive,
+        /// Marginal cost of one more request decoding (sampling, per-request kernels).
+        per_decode_request_ms: f64 = 0.005 => non_negative,
+        /// Marginal cost of one token of KV context read by attention.
+        per_context_token_ms: f64 = 3.8e-5 => non_negative,
+        /// Refit the coefficients online from observed step times.
+        online_fit: bool = true,
+        /// Forgetting factor of the online fit, in (0.5, 1]; 1 never forgets.
+        forgetting: f64 = 0.98 => forgetting,
     }
-
-    /// One of the [`Policy::name`]s; what each does is the `policy` key's description.
-    fn json_schema(_: &mut SchemaGenerator) -> Schema {
-        json_schema!({ "type": "string", "enum": Policy::ALL.map(Policy::name) })
-    }
-}
-
-/// Seed coefficients of the step-time model: `step_ms = base_ms + per_prefill_token_ms · prompt
-/// tokens computed + per_decode_request_ms · requests decoding + per_context_token_ms · KV
-/// tokens read`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct StepTimeProfile {
-    /// Fixed cost of one forward pass (weights read, launch overhead).
-    pub base_ms: f64,
-    /// Marginal cost of one prompt token computed (compute-bound).
-    pub per_prefill_token_ms: f64,
-    /// Marginal cost of one more request decoding (sampling, per-request kernels).
-    pub per_decode_request_ms: f64,
-    /// Marginal cost of one token of KV context read by attention.
-    pub per_context_token_ms: f64,
-    /// Refit the coefficients online from observed step times.
-    pub online_fit: bool,
-    /// Forgetting factor of the online fit, in (0.5, 1]; 1 never forgets.
-    pub forgetting: f64,
-}
-
-impl Default for StepTimeProfile {
-    /// An H200 serving an 8B-class model in bf16, read off the replay profile
-    /// `h200-qwen3-8b` (whose file cites every number): ~5.5 ms for a one-request decode
-    /// (16 GB of weights at ~3.8 TB/s effective plus launch overhead); ~0.028 ms per prompt token
-    /// (16 GFLOP at ~590 TFLOP/s effective); ~3.8e-5 ms per context token (147 kB of KV at
-    /// ~3.8 TB/s); a small per-request cost for sampling and per-request kernels.
-    fn default() -> Self {
-        Self {
-            base_ms: 5.5,
-            per_prefill_token_ms: 0.028,
-            per_decode_request_ms: 0.005,
-            per_context_token_ms: 3.8e-5,
-            online_fit: true,
-            forgetting: 0.98,
-        }
-    }
+    optional {}
 }
 
 /// Whether a request whose prefix a KV tier holds loads it back (key `kv_tier.restore`).
@@ -179,28 +173,141 @@ pub enum RestoreMode {
     Never,
 }
 
-/// The KV tiers beyond the device (key `kv_tier`): how restores are decided and the seed of
-/// every tier's load cost, refitted from the connector's own transfer timings.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields, default)]
-pub struct KvTierConfig {
-    /// Restore or recompute (default `auto`).
-    pub restore: RestoreMode,
-    /// Seed of each tier's load cost in ms per token (default 0.005: an 8B-class model's
-    /// 147 kB of KV per token over ~30 GB/s of host link, the `h200-qwen3-8b` profile's numbers).
-    pub load_ms_per_token: f64,
-    /// Refit the load cost from finished transfers (default true).
-    pub online_fit: bool,
-    /// Prefetch: this many waiting requests next in line after those admitted this step have
-    /// their prefixes looked up in a staged tier (one with slower tiers behind it, such as
-    /// vLLM's tiering spec with a disk tier), which starts moving them up before their turn
-    /// (default 4; 0: off).
-    pub prefetch_requests: u32,
+config_section! {
+    /// Raw `kv_tier` block.
+    #[schemars(rename = "KvTierConfig")]
+    raw RawKvTier at "kv_tier.";
+    /// The validated `kv_tier` block ([`Config::kv_tier`]).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct KvTierConfig {
+        /// Restore or recompute (default `auto`).
+        restore: RestoreMode = RestoreMode::Auto,
+        /// Seed of each tier's load cost in ms per token (default 0.005: an 8B-class model's
+        /// 147 kB of KV per token over ~30 GB/s of host link, the `h200-qwen3-8b` profile's numbers).
+        load_ms_per_token: f64 = 0.005 => non_negative,
+        /// Refit the load cost from finished transfers (default true).
+        online_fit: bool = true,
+        /// Prefetch: this many waiting requests next in line after those admitted this step have
+        /// their prefixes looked up in a staged tier (one with slower tiers behind it, such as
+        /// vLLM's tiering spec with a disk tier), which starts moving them up before their turn
+        /// (default 4; 0: off).
+        prefetch_requests: u32 = 4,
+    }
+    optional {}
 }
 
-impl Default for KvTierConfig {
-    fn default() -> Self {
-        Self { restore: RestoreMode::Auto, load_ms_per_token: 0.005, online_fit: true, prefetch_requests: 4 }
+config_section! {
+    /// Raw `arrival_preemption` block.
+    #[schemars(rename = "ArrivalPreemption")]
+    raw RawArrivalPreemption at "arrival_preemption.";
+    /// The validated `arrival_preemption` block ([`Config::arrival_preemption`]).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct ArrivalPreemption {
+        /// Whether the rule runs.
+        enabled: bool = true,
+        /// A request is not preempted on arrival again within this long, in ms (≥ 0).
+        min_interval_ms: f64 = 10_000.0 => non_negative,
+        /// At most this many victims per step (≥ 1).
+        max_per_step: u32 = 2 => positive_u32,
+    }
+    optional {}
+}
+
+config_section! {
+    /// Raw `prefix_affinity` block.
+    #[schemars(rename = "PrefixAffinity")]
+    raw RawPrefixAffinity at "prefix_affinity.";
+    /// The validated `prefix_affinity` block ([`Config::prefix_affinity`]).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct PrefixAffinity {
+        /// Whether the rule runs.
+        enabled: bool = true,
+        /// A waiting request with more slack than this many times its class's TTFT target may let
+        /// requests with a cached prefix go first (≥ 0; 0.5: one that has used less than half its
+        /// TTFT target, its prefill included; at 1 or more the rule never applies, as a waiting
+        /// request's TTFT slack is always below its target).
+        slack_guard_ttft_factor: f64 = 0.5 => non_negative,
+    }
+    optional {}
+}
+
+config_section! {
+    /// Raw `overload` block.
+    #[schemars(rename = "Overload")]
+    raw RawOverload at "overload.";
+    /// The validated `overload` block ([`Config::overload`]).
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub struct Overload {
+        /// Below this probability of meeting its TTFT and TTFAT targets a request is late, in
+        /// (0, 1). 0.1 came out best on every trace family of the scenario corpus (0.1, 0.3 and 0.5
+        /// within 2 % of each other).
+        min_success_probability: f64 = crate::predictor::DEFAULT_VIABLE_LEVEL => open_unit_interval,
+        /// Under `shed`, a started request that has not begun answering is shed too when it turns
+        /// late (only while others wait for the room); a waiting one always is.
+        shed_running: bool = true,
+        /// Light load: a waiting request with more slack than this many times its class's TTFT
+        /// target waits in arrival order behind every request with less, so no class's slack is
+        /// spent while every class is safely inside its targets (≥ 0; 0: off — class rank and slack
+        /// alone order the queue).
+        fcfs_slack_ttft_factor: f64 = 0.5 => non_negative,
+        /// Admission stops where the step-time model predicts that the decode step would pass the
+        /// tightest answer TPOT target among the running and admitted requests (with
+        /// `tpot_headroom`), as SCORPIO's virtual batch size does.
+        tpot_guard: bool = true,
+        /// Under `degrade`, a thinking request's reasoning is ended this long, in ms (≥ 0), plus four
+        /// decode steps for the closing sequence, before its TTFAT deadline (500 ms: the scheduler's
+        /// word reaches a worker in another process within that).
+        degrade_margin_ms: f64 = 500.0 => non_negative,
+        /// The triage of every class that names no `on_overload` of its own.
+        on_overload: OnOverload = OnOverload::default(),
+        /// How waiting requests between the light-load band and the late ones are ordered within a
+        /// class rank.
+        waiting_order: WaitingOrder = WaitingOrder::default(),
+        /// How long after arrival a late request of a `shed` class can still be shed for its TTFAT.
+        shed_until: ShedUntil = ShedUntil::default(),
+        /// A request of a `shed` class that would wait past its TTFT target behind the queue the
+        /// engine publishes is refused in the API server as it arrives (HTTP `shed_status` with
+        /// `Retry-After`; needs `--middleware meridian.vllm.frontend.MeridianFrontend`), before it
+        /// joins the queue.
+        admit_at_arrival: bool = true,
+        /// Admission at arrival refuses a request whose predicted wait for its first token exceeds
+        /// this many times its class's TTFT target (> 0).
+        arrival_wait_ttft_factor: f64 = 1.0 => positive,
+        /// The HTTP status of a refusal at arrival or a shed before the first token: 429 or 503,
+        /// both with `Retry-After`. Routers retry both elsewhere; vllm-router's circuit breaker
+        /// counts a 503 as a failure of the server (ten in a row eject it for every class) and a 429
+        /// as a success.
+        shed_status: u16 = 429 => shed_status,
+    }
+    optional {}
+}
+
+/// The HTTP statuses a shed may be answered with (`overload.shed_status`), both with
+/// `Retry-After`: 429 Too Many Requests and 503 Service Unavailable.
+pub const SHED_STATUSES: [u16; 2] = [429, 503];
+
+config_section! {
+    /// Raw `predictor` block.
+    #[schemars(rename = "Predictor")]
+    raw RawPredictor at "predictor.";
+    // The validated block is the predictor's own type, whose `Default` holds the defaults.
+    use struct LearningRate {
+        /// The priors' total weight, in pseudo-observations (> 0); each finished request of the
+        /// class counts as one.
+        prior_weight: f64 => positive,
+        /// The predictors' memory, in finished requests of the class (≥ 1): each new observation
+        /// multiplies the weight of everything before it (the priors included) by
+        /// `1 − 1/memory_requests`.
+        memory_requests: f64 => at_least_one,
+    }
+    optional {
+        /// The priors' own memory, in finished requests of the class (≥ 1): each one also shrinks
+        /// what is left of the priors by `1/prior_memory_requests`, so after a few times this many
+        /// the server's own lengths alone make the prediction. Unset: the priors decay like any
+        /// observation. Off by default because the priors also correct for the long requests that
+        /// have not finished yet: fading them after 50 completions cost the Mooncake replay 2.5 % of
+        /// its goodput; it helps a server whose lengths are far from the priors.
+        prior_memory_requests: f64 => at_least_one,
     }
 }
 
@@ -234,499 +341,210 @@ struct RawClass {
     on_overload: Option<OnOverload>,
 }
 
-/// Raw configuration as deserialized from JSON (the `meridian` block of vLLM's
-/// `--additional-config`); every field is optional, and unknown keys are rejected.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(title = "Meridian configuration")]
-struct RawConfig {
-    /// The scheduling policy: `meridian` (the product), `answer_first` (ablation: answering
-    /// requests first, FCFS otherwise, vLLM's own budget and admission, no eviction tiers),
-    /// `pascal` (reasoning first, answers paced at their TPOT target and preempted first, after
-    /// PASCAL, arXiv 2602.11530), `uniboost` (prediction-free: every request ordered by its
-    /// arrival pushed back by its known work, prompt plus output so far, at γ tokens per second,
-    /// so the largest late request is the victim; after UniBoost, arXiv 2606.18431 — our reading
-    /// of its abstract and project page, the exact boost function not being public there) or
-    /// `scorpio` (least TTFT deadline first, requests that can no longer make theirs queued last
-    /// — SCORPIO rejects them, which a vLLM scheduler cannot do without the frontend — and
-    /// admission capped where the step-time model predicts the batch would pass the tightest
-    /// TPOT target; after SCORPIO, arXiv 2505.23022, without its credit-based batching). All but
-    /// the first exist for side-by-side replays; only `meridian` triages overload.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    policy: Option<Policy>,
-    /// The SLO classes, by name (at least one, at most 255). Giving this key replaces the three
-    /// default classes as a whole. A request names its class with the request argument
-    /// `meridian_class`; without it, its vLLM priority picks one (`priority_map`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    classes: Option<BTreeMap<String, RawClass>>,
-    /// Class of a request that names none and whose priority maps to none; it must be one of
-    /// `classes`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    default_class: Option<String>,
-    /// vLLM priority → class name: a priority maps to the class of the largest key ≤ it (below
-    /// all keys: the smallest key's class). Keys are integers written as strings. Unset: `-1` →
-    /// the first class by rank, `0` → the second (or the last), `1` → the last.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    priority_map: Option<BTreeMap<String, String>>,
-    /// A step in which no request answers may take this many times the answer TPOT target
-    /// (≥ 1): larger prompt chunks for thinking-only batches.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    think_batch_multiplier: Option<f64>,
-    /// Fraction of the answer TPOT target a step may take, in (0, 1].
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tpot_headroom: Option<f64>,
-    /// Floor of the per-step token budget (≥ 1): the budget never starves progress.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    min_token_budget: Option<u32>,
-    /// Seed of the step-time model, `step_ms = base + per_prefill_token · prompt tokens
-    /// computed + per_decode_request · requests decoding + per_context_token · KV tokens read`,
-    /// refitted online by exponentially weighted least squares with a ridge pull toward the
-    /// seed unless `online_fit` is false (the default seed: an H200 serving an 8B-class model).
-    /// Every running decode gets its token each step; prompt chunks fill the rest of the answer
-    /// TPOT target, each prompt token priced at no less than what steps with long chunks (≥ 256
-    /// prompt tokens) cost per token: a step's time is not linear in its prompt tokens (short
-    /// chunks ride on a decode step's weight reads, long ones are compute-bound), and a fit over
-    /// mostly decode steps would price them near zero and overshoot the target by several times.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    step_time: Option<StepTimeProfile>,
-    /// The KV tiers beyond the device (vLLM's offloading connector: host memory, disk, a shared
-    /// store): whether a tier hit is loaded or recomputed, the seed of each tier's load cost
-    /// (refitted from the connector's own transfer timings unless `online_fit` is false), and
-    /// prefetch from slower tiers.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    kv_tier: Option<KvTierConfig>,
-    /// Hold KV blocks back from admission for the running answers' expected remaining tokens,
-    /// so they can finish without preemption.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    answer_kv_reserve: Option<bool>,
-    /// Fraction, in [0, 1], of the running thinking requests' expected remaining growth (the
-    /// rest of the thinking plus a mean answer) also held back from admission: fewer
-    /// preemptions, at some cost in TTFAT when set too high.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    think_kv_reserve: Option<f64>,
-    /// A waiting request moves up one class rank per this much waiting, in ms (> 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    aging_ms: Option<f64>,
-    /// Past this much waiting, in ms (> 0), a request goes ahead of every new one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    starvation_ms: Option<f64>,
-    /// The waiting side's tail rule: a waiting request expected to miss its targets waits
-    /// behind the ones that can still make theirs for at most this many times its class's TTFT
-    /// target (never past `starvation_ms`), then goes ahead of every new one (> 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    late_wait_ttft_factor: Option<f64>,
-    /// The running side's tail rule: a running thinker that can no longer make its TTFAT target
-    /// yields its decode to prompt chunks until it has been in the system (1 + this) × its
-    /// class's TTFAT target, then decodes every step ahead of them (≥ 0; 0: a late decode never
-    /// yields). 0 is the largest factor of the measured sweep (`bench/replay_late_think_sweep.py`)
-    /// that kept every class's TTFT and TTFAT p99 within FCFS's on both development workloads;
-    /// larger factors buy goodput with the TTFAT tail.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    late_think_ttfat_factor: Option<f64>,
-    /// The `uniboost` policy's γ: tokens of known work that push a request back by one second
-    /// of arrival (> 0; → ∞: FCFS; → 0: least attained service).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    uniboost_gamma_tokens_per_s: Option<f64>,
-    /// Which finished requests' reasoning blocks (from the start of their reasoning on, which no
-    /// later request can reuse: chat templates drop earlier turns' reasoning) leave the prefix
-    /// cache first.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    evict_reasoning_blocks: Option<ReasoningBlockRule>,
-    /// Strings that mark a tool call (a request that ends in one keeps its reasoning blocks
-    /// under `unless_tool_call`). Each must be a single token of the model's vocabulary: a
-    /// configured marker that is not one stops vLLM at start-up with `ConfigError` naming
-    /// `tool_call_markers[i]`. Unset: `["<tool_call>"]` (Qwen3, Hermes and most open
-    /// tool-calling chat templates), dropped with a warning where the model lacks it (then no
-    /// request counts as ending in a tool call).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_call_markers: Option<Vec<String>>,
-    /// An answer gap above this many times the class's answer TPOT target counts as a stall
-    /// (≥ 1).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stall_factor: Option<f64>,
-    /// Sample thinking lengths, in tokens (each ≥ 1), seeding every class's remaining-thinking
-    /// predictor. Default: quantiles of production DeepSeek-R1 thinking lengths (ServeGen), so
-    /// the predictor starts heavy-tailed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    think_tokens_prior: Option<Vec<u32>>,
-    /// Sample answer lengths, in tokens (each ≥ 1), seeding every class's remaining-answer
-    /// predictor. Default: the visible answer lengths of the same production sources.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    answer_tokens_prior: Option<Vec<u32>>,
-    /// How fast each class's length predictors (one for thinking, one for the answer) move from
-    /// the priors to the class's own finished requests.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    predictor: Option<RawPredictor>,
-    /// Preemption on arrival: when the most urgent waiting request has waited through half of
-    /// its class's TTFT target without a seat or enough KV blocks, lower-class thinking (or
-    /// still prefilling) requests yield — most slack net of their recompute cost first, never an
-    /// answering request.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    arrival_preemption: Option<RawArrivalPreemption>,
-    /// Prefix-aware admission: among the first 64 waiting requests, those with more slack than
-    /// the guard go longest cached prefill first (in the device cache, or in a tier that would
-    /// load it); the others keep least slack first, so nobody is pushed past a deadline by it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prefix_affinity: Option<RawPrefixAffinity>,
-    /// How late work is judged and triaged. A request is late when its probability of meeting
-    /// its TTFT and TTFAT targets (from its class's remaining-thinking distribution given what it
-    /// has thought, the time left and the predicted step) is below `min_success_probability`;
-    /// its class's `on_overload` decides what becomes of it. Only the `meridian` policy triages.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    overload: Option<RawOverload>,
-    /// File to append one JSON line per finished request to: class, finish reason, every
-    /// latency (TTFT, TTFAT, transition gap, TPOT by phase, end to end), token counts and
-    /// preemptions by phase, whether it met every target, and the thinking-control rule that
-    /// ended its reasoning with the token count at that point. Unset: no request log. Under data
-    /// parallelism, rank 0 writes this file and rank N > 0 `<stem>.dpN<suffix>` next to it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    request_log_path: Option<String>,
-    /// Learn the length predictors from a previous run's finished requests at start, so a
-    /// restarted or newly added server does not start from the production priors: the last
-    /// `predictor.memory_requests` lines of `warm_start_path`, or of `request_log_path` when that
-    /// file exists from an earlier run.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    warm_start: Option<bool>,
-    /// A request log (the format `request_log_path` writes) to learn from at start, e.g. a copy
-    /// of another replica's. Unset: the server's own `request_log_path`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    warm_start_path: Option<String>,
-    /// File to append one JSON line per engine step to (`num_prefill_tokens`,
-    /// `num_decode_requests`, `num_context_tokens`, `step_ms`): the input of
-    /// `meridian.replay.profiles.fit_profile`, which fits a replay profile to your hardware.
-    /// Unset: no step log. Under data parallelism, named per rank as `request_log_path` is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    step_log_path: Option<String>,
-    /// Publish Meridian's series on vLLM's `/metrics`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    metrics: Option<bool>,
-    /// Thinking control of every class that sets none of its own (`classes.<name>.thinking_control`
-    /// replaces it for that class). Every rule is off unless its key is present (`"eat": {}`
-    /// turns EAT on with its defaults); when several are on, the first to fire ends the
-    /// reasoning. On a vLLM server the rules need the logits processor
-    /// (`--logits-processors meridian.vllm.thinking:MeridianThinkingProcessor`), except the
-    /// budgets: without it the scheduler sets vLLM's own `thinking_token_budget` from
-    /// `budget_tokens`, `reasoning_effort` and `load_aware` (at the request's admission). The
-    /// replay applies `budget_tokens` and `load_aware` without one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    thinking_control: Option<ThinkingControl>,
-}
-
-/// Raw `arrival_preemption` block.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(rename = "ArrivalPreemption")]
-struct RawArrivalPreemption {
-    /// Whether the rule runs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    enabled: Option<bool>,
-    /// A request is not preempted on arrival again within this long, in ms (≥ 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    min_interval_ms: Option<f64>,
-    /// At most this many victims per step (≥ 1).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_per_step: Option<u32>,
-}
-
-/// Preemption on arrival (key `arrival_preemption`): when the most urgent waiting request cannot
-/// be admitted because seats or KV blocks are held by lower-class work, and it has used up half
-/// of its TTFT target waiting, the plan preempts lower-class thinking requests (most slack net
-/// of their recompute cost first; never an answering one) to make room.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ArrivalPreemption {
-    /// Whether the rule runs (default true).
-    pub enabled: bool,
-    /// A request is not preempted on arrival again within this long (default 10 s).
-    pub min_interval_ms: f64,
-    /// At most this many victims per step (default 2).
-    pub max_per_step: u32,
-}
-
-impl Default for ArrivalPreemption {
-    fn default() -> Self {
-        Self { enabled: true, min_interval_ms: 10_000.0, max_per_step: 2 }
+config_root! {
+    /// Raw configuration as deserialized from JSON (the `meridian` block of vLLM's
+    /// `--additional-config`); every field is optional, and unknown keys are rejected.
+    #[schemars(title = "Meridian configuration")]
+    raw RawConfig;
+    /// Validated configuration of the policy.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Config {
+        /// The scheduling policy. `meridian` is the product; the others exist so that a replay
+        /// can measure it against its own ablation and published alternatives with the same
+        /// engine, the same shim and the same metrics. Only `meridian` triages overload.
+        policy: Policy = Policy::Meridian,
+        /// A step in which no request answers may take this many times the answer TPOT target
+        /// (≥ 1): larger prompt chunks for thinking-only batches.
+        think_batch_multiplier: f64 = 2.5 => at_least_one,
+        /// Fraction of the answer TPOT target a step may take, in (0, 1].
+        tpot_headroom: f64 = 0.9 => in_unit_interval,
+        /// Floor of the per-step token budget (≥ 1): the budget never starves progress.
+        min_token_budget: u32 = 16 => positive_u32,
+        /// Hold KV blocks back from admission for the running answers' expected remaining tokens,
+        /// so they can finish without preemption.
+        answer_kv_reserve: bool = true,
+        /// Fraction, in [0, 1], of the running thinking requests' expected remaining growth (the
+        /// rest of the thinking plus a mean answer) also held back from admission: fewer
+        /// preemptions, at some cost in TTFAT when set too high.
+        think_kv_reserve: f64 = 0.0 => fraction,
+        /// A waiting request moves up one class rank per this much waiting, in ms (> 0).
+        aging_ms: f64 = 10_000.0 => positive,
+        /// Past this much waiting, in ms (> 0), a request goes ahead of every new one.
+        starvation_ms: f64 = 60_000.0 => positive,
+        /// The waiting side's tail rule: a waiting request expected to miss its targets waits
+        /// behind the ones that can still make theirs for at most this many times its class's TTFT
+        /// target (never past `starvation_ms`), then goes ahead of every new one (> 0).
+        late_wait_ttft_factor: f64 = 5.0 => positive,
+        /// The running side's tail rule: a running thinker that can no longer make its TTFAT target
+        /// yields its decode to prompt chunks until it has been in the system (1 + this) × its
+        /// class's TTFAT target, then decodes every step ahead of them (≥ 0; 0: a late decode never
+        /// yields). 0 is the largest factor of the measured sweep (`bench/replay_late_think_sweep.py`)
+        /// that kept every class's TTFT and TTFAT p99 within FCFS's on both development workloads;
+        /// larger factors buy goodput with the TTFAT tail.
+        late_think_ttfat_factor: f64 = 0.0 => non_negative,
+        /// The `uniboost` policy's γ: tokens of known work that push a request back by one second
+        /// of arrival (> 0; → ∞: FCFS; → 0: least attained service).
+        uniboost_gamma_tokens_per_s: f64 = 1_000.0 => positive,
+        /// Which finished requests' reasoning blocks (from the start of their reasoning on, which no
+        /// later request can reuse: chat templates drop earlier turns' reasoning) leave the prefix
+        /// cache first.
+        evict_reasoning_blocks: ReasoningBlockRule = ReasoningBlockRule::UnlessToolCall,
+        /// An answer gap above this many times the class's answer TPOT target counts as a stall
+        /// (≥ 1).
+        stall_factor: f64 = 5.0 => at_least_one,
+        /// Sample thinking lengths, in tokens (each ≥ 1), seeding every class's remaining-thinking
+        /// predictor. Default: quantiles of production DeepSeek-R1 thinking lengths (ServeGen), so
+        /// the predictor starts heavy-tailed.
+        think_tokens_prior: Vec<u32> = DEFAULT_THINK_PRIOR.to_vec() => length_sample,
+        /// Sample answer lengths, in tokens (each ≥ 1), seeding every class's remaining-answer
+        /// predictor. Default: the visible answer lengths of the same production sources.
+        answer_tokens_prior: Vec<u32> = DEFAULT_ANSWER_PRIOR.to_vec() => length_sample,
+        /// Learn the length predictors from a previous run's finished requests at start, so a
+        /// restarted or newly added server does not start from the production priors: the last
+        /// `predictor.memory_requests` lines of `warm_start_path`, or of `request_log_path` when that
+        /// file exists from an earlier run.
+        warm_start: bool = true,
+        /// Publish Meridian's series on vLLM's `/metrics`.
+        metrics: bool = true,
+        /// Thinking control of every class that sets none of its own (`classes.<name>.thinking_control`
+        /// replaces it for that class). Every rule is off unless its key is present (`"eat": {}`
+        /// turns EAT on with its defaults); when several are on, the first to fire ends the
+        /// reasoning. On a vLLM server the rules need the logits processor
+        /// (`--logits-processors meridian.vllm.thinking:MeridianThinkingProcessor`), except the
+        /// budgets: without it the scheduler sets vLLM's own `thinking_token_budget` from
+        /// `budget_tokens`, `reasoning_effort` and `load_aware` (at the request's admission). The
+        /// replay applies `budget_tokens` and `load_aware` without one.
+        thinking_control: ThinkingControl = ThinkingControl::default() => thinking_rules,
     }
-}
-
-/// Raw `prefix_affinity` block.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(rename = "PrefixAffinity")]
-struct RawPrefixAffinity {
-    /// Whether the rule runs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    enabled: Option<bool>,
-    /// A waiting request with more slack than this many times its class's TTFT target may let
-    /// requests with a cached prefix go first (≥ 0; 0.5: one that has used less than half its
-    /// TTFT target, its prefill included; at 1 or more the rule never applies, as a waiting
-    /// request's TTFT slack is always below its target).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    slack_guard_ttft_factor: Option<f64>,
-}
-
-/// Prefix-aware admission (key `prefix_affinity`): among waiting requests of one class rank
-/// that have more slack than the guard, those whose prompt prefix is cached (on the device, or
-/// in a tier that would load it) go first, longest saved prefill first; requests within the
-/// guard keep the least-slack-first order, so nobody is pushed past a deadline by it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PrefixAffinity {
-    /// Whether the rule runs (default true).
-    pub enabled: bool,
-    /// A waiting request with more slack than this many times its class's TTFT target may let
-    /// cached requests go first (default 0.5: one that has used less than half its TTFT target,
-    /// its prefill included; at 1 or more the rule never applies, as a waiting request's TTFT
-    /// slack is always below its target).
-    pub slack_guard_ttft_factor: f64,
-}
-
-impl Default for PrefixAffinity {
-    fn default() -> Self {
-        Self { enabled: true, slack_guard_ttft_factor: 0.5 }
+    optional {
+        /// File to append one JSON line per finished request to: class, finish reason, every
+        /// latency (TTFT, TTFAT, transition gap, TPOT by phase, end to end), token counts and
+        /// preemptions by phase, whether it met every target, and the thinking-control rule that
+        /// ended its reasoning with the token count at that point. Unset: no request log. Under data
+        /// parallelism, rank 0 writes this file and rank N > 0 `<stem>.dpN<suffix>` next to it.
+        request_log_path: String => file_path,
+        /// A request log (the format `request_log_path` writes) to learn from at start, e.g. a copy
+        /// of another replica's. Unset: the server's own `request_log_path`.
+        warm_start_path: String => file_path,
+        /// File to append one JSON line per engine step to (`num_prefill_tokens`,
+        /// `num_decode_requests`, `num_context_tokens`, `step_ms`): the input of
+        /// `meridian.replay.profiles.fit_profile`, which fits a replay profile to your hardware.
+        /// Unset: no step log. Under data parallelism, named per rank as `request_log_path` is.
+        step_log_path: String => file_path,
     }
-}
-
-/// Raw `overload` block.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(rename = "Overload")]
-struct RawOverload {
-    /// Below this probability of meeting its TTFT and TTFAT targets a request is late, in
-    /// (0, 1). 0.1 came out best on every trace family of the scenario corpus (0.1, 0.3 and 0.5
-    /// within 2 % of each other).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    min_success_probability: Option<f64>,
-    /// Under `shed`, a started request that has not begun answering is shed too when it turns
-    /// late (only while others wait for the room); a waiting one always is.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    shed_running: Option<bool>,
-    /// Light load: a waiting request with more slack than this many times its class's TTFT
-    /// target waits in arrival order behind every request with less, so no class's slack is
-    /// spent while every class is safely inside its targets (≥ 0; 0: off — class rank and slack
-    /// alone order the queue).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fcfs_slack_ttft_factor: Option<f64>,
-    /// Admission stops where the step-time model predicts that the decode step would pass the
-    /// tightest answer TPOT target among the running and admitted requests (with
-    /// `tpot_headroom`), as SCORPIO's virtual batch size does.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tpot_guard: Option<bool>,
-    /// Under `degrade`, a thinking request's reasoning is ended this long, in ms (≥ 0), plus four
-    /// decode steps for the closing sequence, before its TTFAT deadline (500 ms: the scheduler's
-    /// word reaches a worker in another process within that).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    degrade_margin_ms: Option<f64>,
-    /// The triage of every class that names no `on_overload` of its own.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    on_overload: Option<OnOverload>,
-    /// How waiting requests between the light-load band and the late ones are ordered within a
-    /// class rank.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    waiting_order: Option<WaitingOrder>,
-    /// How long after arrival a late request of a `shed` class can still be shed for its TTFAT.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    shed_until: Option<ShedUntil>,
-    /// A request of a `shed` class that would wait past its TTFT target behind the queue the
-    /// engine publishes is refused in the API server as it arrives (HTTP `shed_status` with
-    /// `Retry-After`; needs `--middleware meridian.vllm.frontend.MeridianFrontend`), before it
-    /// joins the queue.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    admit_at_arrival: Option<bool>,
-    /// Admission at arrival refuses a request whose predicted wait for its first token exceeds
-    /// this many times its class's TTFT target (> 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    arrival_wait_ttft_factor: Option<f64>,
-    /// The HTTP status of a refusal at arrival or a shed before the first token: 429 or 503,
-    /// both with `Retry-After`. Routers retry both elsewhere; vllm-router's circuit breaker
-    /// counts a 503 as a failure of the server (ten in a row eject it for every class) and a 429
-    /// as a success.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    shed_status: Option<u16>,
-}
-
-/// How the policy judges and triages work that does not fit (key `overload`). A request's
-/// probability of meeting its targets comes from its class's remaining-thinking distribution
-/// (given what it has thought), the time left to its deadlines and the predicted step time; one
-/// below `min_success_probability` is late, and its class's [`OnOverload`] decides what becomes
-/// of it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Overload {
-    /// What becomes of the late requests of a class that names no `on_overload` of its own
-    /// (default `shed`).
-    pub on_overload: OnOverload,
-    /// Below this probability of meeting its TTFT and TTFAT targets a request is late (default
-    /// 0.1), in (0, 1).
-    pub min_success_probability: f64,
-    /// Under `shed`, a running request that has not started answering is shed too when it turns
-    /// late (default true); a waiting one always is.
-    pub shed_running: bool,
-    /// Light load: a waiting request with more slack than this many times its class's TTFT target
-    /// waits in arrival order behind every request with less (default 0.5; 0: never — class rank
-    /// and slack alone order the queue), so no class's slack is spent while every class is safely
-    /// inside its targets.
-    pub fcfs_slack_ttft_factor: f64,
-    /// Admission stops where the step-time model predicts that the decode step would exceed the
-    /// tightest answer TPOT target among the running and admitted requests (with
-    /// `tpot_headroom`), as SCORPIO's virtual batch size does (default true).
-    pub tpot_guard: bool,
-    /// Under `degrade`, a thinking request's reasoning is ended this long (plus a few decode
-    /// steps for the closing sequence) before its TTFAT deadline (default 500 ms: the scheduler's
-    /// word reaches a worker in another process within that).
-    pub degrade_margin_ms: f64,
-    /// How requests between those two bands are ordered within a class rank (default
-    /// `value_density`, in `shed` classes).
-    pub waiting_order: WaitingOrder,
-    /// How long after arrival a late request of a `shed` class may still be shed for its TTFAT
-    /// (default `ttfat`: until it answers; `ttft`: only while its client would hear it within
-    /// its class's TTFT target).
-    pub shed_until: ShedUntil,
-    /// A request of a `shed` class that would wait past its TTFT target behind the published
-    /// queue is refused in the API server as it arrives (default true; [`crate::admission`]).
-    pub admit_at_arrival: bool,
-    /// Admission at arrival refuses a request predicted to wait past this many times its class's
-    /// TTFT target for its first token (default 1, > 0).
-    pub arrival_wait_ttft_factor: f64,
-    /// The HTTP status of a shed answered before its first token, or a refusal at arrival: one
-    /// of [`SHED_STATUSES`] (default 429: a router retries it elsewhere without counting it
-    /// against the server's health).
-    pub shed_status: u16,
-}
-
-/// The HTTP statuses a shed may be answered with (`overload.shed_status`), both with
-/// `Retry-After`: 429 Too Many Requests and 503 Service Unavailable.
-pub const SHED_STATUSES: [u16; 2] = [429, 503];
-
-impl Default for Overload {
-    fn default() -> Self {
-        Self {
-            on_overload: OnOverload::default(),
-            min_success_probability: crate::predictor::DEFAULT_VIABLE_LEVEL,
-            shed_running: true,
-            fcfs_slack_ttft_factor: 0.5,
-            tpot_guard: true,
-            degrade_margin_ms: 500.0,
-            waiting_order: WaitingOrder::default(),
-            shed_until: ShedUntil::default(),
-            admit_at_arrival: true,
-            arrival_wait_ttft_factor: 1.0,
-            shed_status: 429,
-        }
+    blocks {
+        /// Seed of the step-time model, `step_ms = base + per_prefill_token · prompt tokens
+        /// computed + per_decode_request · requests decoding + per_context_token · KV tokens read`,
+        /// refitted online by exponentially weighted least squares with a ridge pull toward the
+        /// seed unless `online_fit` is false (the default seed: an H200 serving an 8B-class model).
+        /// Every running decode gets its token each step; prompt chunks fill the rest of the answer
+        /// TPOT target, each prompt token priced at no less than what steps with long chunks (≥ 256
+        /// prompt tokens) cost per token: a step's time is not linear in its prompt tokens (short
+        /// chunks ride on a decode step's weight reads, long ones are compute-bound), and a fit over
+        /// mostly decode steps would price them near zero and overshoot the target by several times.
+        step_time: RawStepTime => StepTimeProfile,
+        /// The KV tiers beyond the device (vLLM's offloading connector: host memory, disk, a shared
+        /// store): whether a tier hit is loaded or recomputed, the seed of each tier's load cost
+        /// (refitted from the connector's own transfer timings unless `online_fit` is false), and
+        /// prefetch from slower tiers.
+        kv_tier: RawKvTier => KvTierConfig,
+        /// How fast each class's length predictors (one for thinking, one for the answer) move from
+        /// the priors to the class's own finished requests.
+        predictor: RawPredictor => LearningRate,
+        /// Preemption on arrival: when the most urgent waiting request has waited through half of
+        /// its class's TTFT target without a seat or enough KV blocks, lower-class thinking (or
+        /// still prefilling) requests yield — most slack net of their recompute cost first, never an
+        /// answering request.
+        arrival_preemption: RawArrivalPreemption => ArrivalPreemption,
+        /// Prefix-aware admission: among the first 64 waiting requests, those with more slack than
+        /// the guard go longest cached prefill first (in the device cache, or in a tier that would
+        /// load it); the others keep least slack first, so nobody is pushed past a deadline by it.
+        prefix_affinity: RawPrefixAffinity => PrefixAffinity,
+        /// How late work is judged and triaged. A request is late when its probability of meeting
+        /// its TTFT and TTFAT targets (from its class's remaining-thinking distribution given what it
+        /// has thought, the time left and the predicted step) is below `min_success_probability`;
+        /// its class's `on_overload` decides what becomes of it. Only the `meridian` policy triages.
+        overload: RawOverload => Overload,
     }
-}
-
-/// Raw `predictor` block.
-#[derive(Debug, Clone, Default, Deserialize, Serialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-#[schemars(rename = "Predictor")]
-struct RawPredictor {
-    /// The priors' total weight, in pseudo-observations (> 0); each finished request of the
-    /// class counts as one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prior_weight: Option<f64>,
-    /// The predictors' memory, in finished requests of the class (≥ 1): each new observation
-    /// multiplies the weight of everything before it (the priors included) by
-    /// `1 − 1/memory_requests`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    memory_requests: Option<f64>,
-    /// The priors' own memory, in finished requests of the class (≥ 1): each one also shrinks
-    /// what is left of the priors by `1/prior_memory_requests`, so after a few times this many
-    /// the server's own lengths alone make the prediction. Unset: the priors decay like any
-    /// observation. Off by default because the priors also correct for the long requests that
-    /// have not finished yet: fading them after 50 completions cost the Mooncake replay 2.5 % of
-    /// its goodput; it helps a server whose lengths are far from the priors.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prior_memory_requests: Option<f64>,
-}
-
-/// Validated configuration of the policy.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Config {
-    /// The scheduling policy.
-    pub policy: Policy,
-    /// SLO classes, indexed by [`ClassId`].
-    pub classes: Vec<SloClass>,
-    /// Class of a request that names none and whose priority maps to none.
-    pub default_class: ClassId,
-    /// vLLM priority thresholds: a priority maps to the class of the largest key ≤ it (or of the
-    /// smallest key when it is below all of them).
-    pub priority_map: Vec<(i64, ClassId)>,
-    /// A step in which no request is answering may take this multiple of the TPOT target.
-    pub think_batch_multiplier: f64,
-    /// Fraction of the answer TPOT target a step may take, in (0, 1].
-    pub tpot_headroom: f64,
-    /// Floor of the per-step token budget (the budget never starves progress).
-    pub min_token_budget: u32,
-    /// Step-time seed profile.
-    pub step_time: StepTimeProfile,
-    /// Restore-or-recompute on the KV tiers beyond the device.
-    pub kv_tier: KvTierConfig,
-    /// Hold back KV blocks for running answering requests when admitting new ones.
-    pub answer_kv_reserve: bool,
-    /// Fraction of running thinking requests' expected remaining growth (rest of the thinking plus
-    /// a mean answer) held back from admission, in [0, 1].
-    pub think_kv_reserve: f64,
-    /// Waiting time after which a waiting request moves up one class rank.
-    pub aging_ms: f64,
-    /// Waiting time after which a waiting request goes ahead of every new request.
-    pub starvation_ms: f64,
-    /// A waiting request expected to miss its targets waits behind every request that can still
-    /// make its own for at most this many times its class's TTFT target (never past
-    /// `starvation_ms`), then goes ahead of every new request: the tail rule.
-    pub late_wait_ttft_factor: f64,
-    /// A running thinker that can no longer make its TTFAT target yields its decode to prompt
-    /// chunks until it is this many times its class's TTFAT target past its deadline, then
-    /// decodes every step again ahead of them: the running side's tail rule. Default 0 (a late
-    /// decode never yields): the largest factor of the measured sweep
-    /// (`bench/replay_late_think_sweep.py`) that kept every class's TTFT and TTFAT p99 within
-    /// FCFS's on both development workloads; larger factors buy goodput with the TTFAT tail.
-    pub late_think_ttfat_factor: f64,
-    /// The `uniboost` policy's γ: how many tokens of known work push a request back by one
-    /// second of arrival (default 1,000; [`Policy::UniBoost`]).
-    pub uniboost_gamma_tokens_per_s: f64,
-    /// Eviction rule for finished requests' reasoning blocks.
-    pub evict_reasoning_blocks: ReasoningBlockRule,
-    /// Strings whose tokens mark a tool call (resolved to ids by the shim's tokenizer; see
-    /// [`Config::resolve_tool_call_markers`]).
-    pub tool_call_markers: Vec<String>,
-    /// Whether the operator gave `tool_call_markers` (`false`: the default `["<tool_call>"]`).
-    pub tool_call_markers_explicit: bool,
-    /// An answer gap above `stall_factor` × the class's answer TPOT target counts as a stall.
-    pub stall_factor: f64,
-    /// Thinking lengths (tokens) that seed the remaining-thinking predictor.
-    pub think_tokens_prior: Vec<u32>,
-    /// Answer lengths (tokens) that seed the remaining-answer predictor.
-    pub answer_tokens_prior: Vec<u32>,
-    /// How fast the length predictors (one thinking and one answer predictor per class) move
-    /// from the priors to this server's finished requests (key `predictor`: `prior_weight`,
-    /// the priors' total weight in pseudo-observations, default 10; `memory_requests`, the
-    /// effective memory in finished requests of the class, default 2,000;
-    /// `prior_memory_requests`, the priors' own memory in finished requests of the class, unset
-    /// by default: they decay only with `memory_requests`).
-    pub predictor: LearningRate,
-    /// Preemption on arrival.
-    pub arrival_preemption: ArrivalPreemption,
-    /// Prefix-aware admission.
-    pub prefix_affinity: PrefixAffinity,
-    /// Judging and triaging late work.
-    pub overload: Overload,
-    /// File the shim appends one JSON line to per finished request (its ledger), if set.
-    pub request_log_path: Option<String>,
-    /// Whether the shim learns the length predictors from a previous run's request log at start
-    /// (key `warm_start`, default on).
-    pub warm_start: bool,
-    /// The request log to learn from at start (key `warm_start_path`; unset: `request_log_path`).
-    pub warm_start_path: Option<String>,
-    /// File the shim appends one JSON line to per engine step (batch shape and measured time), for
-    /// fitting a replay profile to real hardware, if set.
-    pub step_log_path: Option<String>,
-    /// Whether the shim publishes Meridian's series on vLLM's `/metrics` (key `metrics`, default
-    /// on).
-    pub metrics: bool,
-    /// Thinking control of every class that sets none of its own (key `thinking_control`; every
-    /// rule off by default).
-    pub thinking_control: ThinkingControl,
-    /// Per class (indexed by [`ClassId`]): the class's own `classes.<name>.thinking_control`,
-    /// which replaces the top-level object as a whole (`{}` turns every rule off for the class).
-    pub class_thinking_control: Vec<Option<ThinkingControl>>,
+    hand_raw {
+        /// The SLO classes, by name (at least one, at most 255). Giving this key replaces the three
+        /// default classes as a whole. A request names its class with the request argument
+        /// `meridian_class`; without it, its vLLM priority picks one (`priority_map`).
+        classes: BTreeMap<String, RawClass>,
+        /// Class of a request that names none and whose priority maps to none; it must be one of
+        /// `classes`.
+        default_class: String,
+        /// vLLM priority → class name: a priority maps to the class of the largest key ≤ it (below
+        /// all keys: the smallest key's class). Keys are integers written as strings. Unset: `-1` →
+        /// the first class by rank, `0` → the second (or the last), `1` → the last.
+        priority_map: BTreeMap<String, String>,
+        /// Strings that mark a tool call (a request that ends in one keeps its reasoning blocks
+        /// under `unless_tool_call`). Each must be a single token of the model's vocabulary: a
+        /// configured marker that is not one stops vLLM at start-up with `ConfigError` naming
+        /// `tool_call_markers[i]`. Unset: `["<tool_call>"]` (Qwen3, Hermes and most open
+        /// tool-calling chat templates), dropped with a warning where the model lacks it (then no
+        /// request counts as ending in a tool call).
+        tool_call_markers: Vec<String>,
+    }
+    hand {
+        /// `classes`, validated: indexed by [`ClassId`] (the block's name order).
+        classes: Vec<SloClass>,
+        /// `default_class`, resolved to its class.
+        default_class: ClassId,
+        /// `priority_map`, resolved: thresholds in ascending order, each with its class.
+        priority_map: Vec<(i64, ClassId)>,
+        /// `tool_call_markers`, or the default `["<tool_call>"]` (resolved to token ids by the
+        /// shim's tokenizer: [`Config::resolve_tool_call_markers`]).
+        tool_call_markers: Vec<String>,
+        /// Whether the operator gave `tool_call_markers` (`false`: the default, dropped where the
+        /// model lacks it instead of stopping the server).
+        tool_call_markers_explicit: bool,
+        /// Per class (indexed by [`ClassId`]): its `classes.<name>.thinking_control`, if it sets
+        /// one.
+        class_thinking_control: Vec<Option<ThinkingControl>>,
+    }
+    from_hand {
+        let (classes, class_thinking_control) = validate_classes(classes, overload.on_overload)?;
+        let default_class = class_id(&classes, "default_class", default_class.as_deref().unwrap_or("standard"))?;
+        let priority_map = match priority_map {
+            None => default_priority_map(&classes),
+            Some(map) => parse_priority_map(&classes, &map)?,
+        };
+        let tool_call_markers_explicit = tool_call_markers.is_some();
+        let tool_call_markers = tool_call_markers.unwrap_or_else(|| vec![DEFAULT_TOOL_CALL_MARKER.to_owned()]);
+        (classes, default_class, priority_map, tool_call_markers, tool_call_markers_explicit, class_thinking_control)
+    }
+    to_hand(config) {
+        let class_name = |id: ClassId| config.classes[id.index()].name.clone();
+        let classes = config
+            .classes
+            .iter()
+            .zip(&config.class_thinking_control)
+            .map(|(c, thinking_control)| {
+                let raw = RawClass {
+                    ttft_ms: c.targets.ttft_ms,
+                    ttfat_ms: c.targets.ttfat_ms,
+                    answer_tpot_ms: c.targets.answer_tpot_ms,
+                    e2e_ms: c.targets.e2e_ms,
+                    rank: c.rank,
+                    thinking_control: thinking_control.clone(),
+                    on_overload: Some(c.on_overload),
+                };
+                (c.name.clone(), raw)
+            })
+            .collect();
+        let priority_map = config
+            .priority_map
+            .iter()
+            .map(|(threshold, class)| (threshold.to_string(), class_name(*class)))
+            .collect();
+        (
+            Some(classes),
+            Some(class_name(config.default_class)),
+            Some(priority_map),
+            config.tool_call_markers_explicit.then(|| config.tool_call_markers.clone()),
+        )
+    }
 }
 
 /// Quantiles of production DeepSeek-R1 thinking lengths (ServeGen's published distribution):
@@ -855,278 +673,12 @@ impl Config {
     pub fn to_json(&self) -> String {
         serde_json::to_string(&self.to_raw()).expect("a configuration is plain JSON")
     }
-
-    fn to_raw(&self) -> RawConfig {
-        let class_name = |id: ClassId| self.classes[id.index()].name.clone();
-        let classes = self
-            .classes
-            .iter()
-            .zip(&self.class_thinking_control)
-            .map(|(c, thinking_control)| {
-                let raw = RawClass {
-                    ttft_ms: c.targets.ttft_ms,
-                    ttfat_ms: c.targets.ttfat_ms,
-                    answer_tpot_ms: c.targets.answer_tpot_ms,
-                    e2e_ms: c.targets.e2e_ms,
-                    rank: c.rank,
-                    thinking_control: thinking_control.clone(),
-                    on_overload: Some(c.on_overload),
-                };
-                (c.name.clone(), raw)
-            })
-            .collect();
-        let overload = &self.overload;
-        RawConfig {
-            policy: Some(self.policy),
-            classes: Some(classes),
-            default_class: Some(class_name(self.default_class)),
-            priority_map: Some(
-                self.priority_map
-                    .iter()
-                    .map(|(threshold, class)| (threshold.to_string(), class_name(*class)))
-                    .collect(),
-            ),
-            think_batch_multiplier: Some(self.think_batch_multiplier),
-            tpot_headroom: Some(self.tpot_headroom),
-            min_token_budget: Some(self.min_token_budget),
-            step_time: Some(self.step_time),
-            kv_tier: Some(self.kv_tier),
-            answer_kv_reserve: Some(self.answer_kv_reserve),
-            think_kv_reserve: Some(self.think_kv_reserve),
-            aging_ms: Some(self.aging_ms),
-            starvation_ms: Some(self.starvation_ms),
-            late_wait_ttft_factor: Some(self.late_wait_ttft_factor),
-            late_think_ttfat_factor: Some(self.late_think_ttfat_factor),
-            uniboost_gamma_tokens_per_s: Some(self.uniboost_gamma_tokens_per_s),
-            evict_reasoning_blocks: Some(self.evict_reasoning_blocks),
-            tool_call_markers: self.tool_call_markers_explicit.then(|| self.tool_call_markers.clone()),
-            stall_factor: Some(self.stall_factor),
-            think_tokens_prior: Some(self.think_tokens_prior.clone()),
-            answer_tokens_prior: Some(self.answer_tokens_prior.clone()),
-            predictor: Some(RawPredictor {
-                prior_weight: Some(self.predictor.prior_weight),
-                memory_requests: Some(self.predictor.memory_requests),
-                prior_memory_requests: self.predictor.prior_memory_requests,
-            }),
-            arrival_preemption: Some(RawArrivalPreemption {
-                enabled: Some(self.arrival_preemption.enabled),
-                min_interval_ms: Some(self.arrival_preemption.min_interval_ms),
-                max_per_step: Some(self.arrival_preemption.max_per_step),
-            }),
-            prefix_affinity: Some(RawPrefixAffinity {
-                enabled: Some(self.prefix_affinity.enabled),
-                slack_guard_ttft_factor: Some(self.prefix_affinity.slack_guard_ttft_factor),
-            }),
-            overload: Some(RawOverload {
-                min_success_probability: Some(overload.min_success_probability),
-                shed_running: Some(overload.shed_running),
-                fcfs_slack_ttft_factor: Some(overload.fcfs_slack_ttft_factor),
-                tpot_guard: Some(overload.tpot_guard),
-                degrade_margin_ms: Some(overload.degrade_margin_ms),
-                on_overload: Some(overload.on_overload),
-                waiting_order: Some(overload.waiting_order),
-                shed_until: Some(overload.shed_until),
-                admit_at_arrival: Some(overload.admit_at_arrival),
-                arrival_wait_ttft_factor: Some(overload.arrival_wait_ttft_factor),
-                shed_status: Some(overload.shed_status),
-            }),
-            request_log_path: self.request_log_path.clone(),
-            warm_start: Some(self.warm_start),
-            warm_start_path: self.warm_start_path.clone(),
-            step_log_path: self.step_log_path.clone(),
-            metrics: Some(self.metrics),
-            thinking_control: Some(self.thinking_control.clone()),
-        }
-    }
-
-    fn from_raw(raw: RawConfig) -> Result<Self> {
-        let triage = raw.overload.as_ref().and_then(|o| o.on_overload).unwrap_or_default();
-        let (classes, class_thinking_control) = validate_classes(raw.classes, triage)?;
-        let class_id = |key: &str, name: &str| -> Result<ClassId> {
-            classes
-                .iter()
-                .position(|c| c.name == name)
-                .map(|i| ClassId(i as u8))
-                .ok_or_else(|| Error::config(key, format!("class `{name}` is not defined")))
-        };
-        let default_class = class_id("default_class", raw.default_class.as_deref().unwrap_or("standard"))?;
-        let priority_map = match raw.priority_map {
-            None => default_priority_map(&classes),
-            Some(map) => {
-                let mut out = Vec::with_capacity(map.len());
-                for (key, name) in &map {
-                    let threshold: i64 = key.trim().parse().map_err(|_| {
-                        Error::config(
-                            format!("priority_map.{key}"),
-                            "keys must be integers (vLLM priorities)",
-                        )
-                    })?;
-                    out.push((threshold, class_id(&format!("priority_map.{key}"), name)?));
-                }
-                out.sort_by_key(|(threshold, _)| *threshold);
-                out
-            }
-        };
-        let step_time = raw.step_time.unwrap_or_default();
-        validate_step_time(&step_time)?;
-        let kv_tier = raw.kv_tier.unwrap_or_default();
-        non_negative("kv_tier.load_ms_per_token", kv_tier.load_ms_per_token)?;
-        let thinking_control = raw.thinking_control.unwrap_or_default();
-        thinking_control.validate("thinking_control")?;
-        let config = Self {
-            policy: raw.policy.unwrap_or(Policy::Meridian),
-            classes,
-            default_class,
-            priority_map,
-            think_batch_multiplier: at_least(
-                "think_batch_multiplier",
-                raw.think_batch_multiplier.unwrap_or(2.5),
-                1.0,
-            )?,
-            tpot_headroom: in_unit_interval("tpot_headroom", raw.tpot_headroom.unwrap_or(0.9))?,
-            min_token_budget: positive_u32("min_token_budget", raw.min_token_budget.unwrap_or(16))?,
-            step_time,
-            kv_tier,
-            answer_kv_reserve: raw.answer_kv_reserve.unwrap_or(true),
-            think_kv_reserve: fraction("think_kv_reserve", raw.think_kv_reserve.unwrap_or(0.0))?,
-            aging_ms: positive("aging_ms", raw.aging_ms.unwrap_or(10_000.0))?,
-            starvation_ms: positive("starvation_ms", raw.starvation_ms.unwrap_or(60_000.0))?,
-            late_wait_ttft_factor: positive(
-                "late_wait_ttft_factor",
-                raw.late_wait_ttft_factor.unwrap_or(5.0),
-            )?,
-            late_think_ttfat_factor: non_negative(
-                "late_think_ttfat_factor",
-                raw.late_think_ttfat_factor.unwrap_or(0.0),
-            )?,
-            uniboost_gamma_tokens_per_s: positive(
-                "uniboost_gamma_tokens_per_s",
-                raw.uniboost_gamma_tokens_per_s.unwrap_or(1_000.0),
-            )?,
-            evict_reasoning_blocks: raw.evict_reasoning_blocks.unwrap_or(ReasoningBlockRule::UnlessToolCall),
-            tool_call_markers_explicit: raw.tool_call_markers.is_some(),
-            tool_call_markers: raw
-                .tool_call_markers
-                .unwrap_or_else(|| vec![DEFAULT_TOOL_CALL_MARKER.to_owned()]),
-            stall_factor: at_least("stall_factor", raw.stall_factor.unwrap_or(5.0), 1.0)?,
-            think_tokens_prior: non_empty_prior(
-                "think_tokens_prior",
-                raw.think_tokens_prior,
-                &DEFAULT_THINK_PRIOR,
-            )?,
-            answer_tokens_prior: non_empty_prior(
-                "answer_tokens_prior",
-                raw.answer_tokens_prior,
-                &DEFAULT_ANSWER_PRIOR,
-            )?,
-            predictor: validate_predictor(raw.predictor.unwrap_or_default())?,
-            arrival_preemption: validate_arrival_preemption(raw.arrival_preemption.unwrap_or_default())?,
-            prefix_affinity: validate_prefix_affinity(raw.prefix_affinity.unwrap_or_default())?,
-            overload: validate_overload(raw.overload.unwrap_or_default())?,
-            request_log_path: log_path("request_log_path", raw.request_log_path)?,
-            warm_start: raw.warm_start.unwrap_or(true),
-            warm_start_path: log_path("warm_start_path", raw.warm_start_path)?,
-            step_log_path: log_path("step_log_path", raw.step_log_path)?,
-            metrics: raw.metrics.unwrap_or(true),
-            thinking_control,
-            class_thinking_control,
-        };
-        Ok(config)
-    }
 }
 
-fn validate_arrival_preemption(raw: RawArrivalPreemption) -> Result<ArrivalPreemption> {
-    let defaults = ArrivalPreemption::default();
-    Ok(ArrivalPreemption {
-        enabled: raw.enabled.unwrap_or(defaults.enabled),
-        min_interval_ms: non_negative(
-            "arrival_preemption.min_interval_ms",
-            raw.min_interval_ms.unwrap_or(defaults.min_interval_ms),
-        )?,
-        max_per_step: positive_u32(
-            "arrival_preemption.max_per_step",
-            raw.max_per_step.unwrap_or(defaults.max_per_step),
-        )?,
-    })
-}
-
-fn validate_prefix_affinity(raw: RawPrefixAffinity) -> Result<PrefixAffinity> {
-    let defaults = PrefixAffinity::default();
-    Ok(PrefixAffinity {
-        enabled: raw.enabled.unwrap_or(defaults.enabled),
-        slack_guard_ttft_factor: non_negative(
-            "prefix_affinity.slack_guard_ttft_factor",
-            raw.slack_guard_ttft_factor.unwrap_or(defaults.slack_guard_ttft_factor),
-        )?,
-    })
-}
-
-fn validate_overload(raw: RawOverload) -> Result<Overload> {
-    let defaults = Overload::default();
-    let probability = raw.min_success_probability.unwrap_or(defaults.min_success_probability);
-    if !(probability.is_finite() && probability > 0.0 && probability < 1.0) {
-        return Err(Error::config(
-            "overload.min_success_probability",
-            format!("{probability} is not in (0, 1)"),
-        ));
-    }
-    Ok(Overload {
-        on_overload: raw.on_overload.unwrap_or(defaults.on_overload),
-        min_success_probability: probability,
-        shed_running: raw.shed_running.unwrap_or(defaults.shed_running),
-        fcfs_slack_ttft_factor: non_negative(
-            "overload.fcfs_slack_ttft_factor",
-            raw.fcfs_slack_ttft_factor.unwrap_or(defaults.fcfs_slack_ttft_factor),
-        )?,
-        tpot_guard: raw.tpot_guard.unwrap_or(defaults.tpot_guard),
-        degrade_margin_ms: non_negative(
-            "overload.degrade_margin_ms",
-            raw.degrade_margin_ms.unwrap_or(defaults.degrade_margin_ms),
-        )?,
-        waiting_order: raw.waiting_order.unwrap_or(defaults.waiting_order),
-        shed_until: raw.shed_until.unwrap_or(defaults.shed_until),
-        admit_at_arrival: raw.admit_at_arrival.unwrap_or(defaults.admit_at_arrival),
-        arrival_wait_ttft_factor: positive(
-            "overload.arrival_wait_ttft_factor",
-            raw.arrival_wait_ttft_factor.unwrap_or(defaults.arrival_wait_ttft_factor),
-        )?,
-        shed_status: shed_status(raw.shed_status.unwrap_or(defaults.shed_status))?,
-    })
-}
-
-fn shed_status(status: u16) -> Result<u16> {
-    if SHED_STATUSES.contains(&status) {
-        Ok(status)
-    } else {
-        Err(Error::config("overload.shed_status", format!("{status} is not one of 429, 503")))
-    }
-}
-
-fn validate_predictor(raw: RawPredictor) -> Result<LearningRate> {
-    let defaults = LearningRate::default();
-    Ok(LearningRate {
-        prior_weight: positive("predictor.prior_weight", raw.prior_weight.unwrap_or(defaults.prior_weight))?,
-        memory_requests: at_least(
-            "predictor.memory_requests",
-            raw.memory_requests.unwrap_or(defaults.memory_requests),
-            1.0,
-        )?,
-        prior_memory_requests: match raw.prior_memory_requests {
-            Some(m) => Some(at_least("predictor.prior_memory_requests", m, 1.0)?),
-            None => defaults.prior_memory_requests,
-        },
-    })
-}
-
-fn log_path(key: &str, path: Option<String>) -> Result<Option<String>> {
-    match path {
-        Some(path) if path.trim().is_empty() => {
-            Err(Error::config(key, "must be a file path, not an empty string"))
-        }
-        other => Ok(other),
-    }
-}
-
+/// The classes a server gets without `classes`. The replay runs with its own, looser TTFT and
+/// TTFAT targets for `interactive` and `standard` (`python/meridian/replay/runner.py`,
+/// `DEFAULT_CLASSES_FILE`, says why; `tests/replay/test_class_targets.py` holds the two sets to
+/// differing only there).
 fn default_classes(triage: OnOverload) -> Vec<SloClass> {
     let class = |name: &str, rank, ttft_ms, ttfat_ms, answer_tpot_ms| SloClass {
         name: name.to_owned(),
@@ -1173,7 +725,7 @@ fn validate_classes(raw: Option<BTreeMap<String, RawClass>>, triage: OnOverload)
         .map(|(name, c)| {
             let key = |field: &str| format!("classes.{name}.{field}");
             let e2e_ms = match c.e2e_ms {
-                Some(v) => Some(positive_key(&key("e2e_ms"), v)?),
+                Some(v) => Some(positive(&key("e2e_ms"), v)?),
                 None => None,
             };
             if let Some(thinking) = &c.thinking_control {
@@ -1181,9 +733,9 @@ fn validate_classes(raw: Option<BTreeMap<String, RawClass>>, triage: OnOverload)
             }
             let class = SloClass {
                 targets: SloTargets {
-                    ttft_ms: positive_key(&key("ttft_ms"), c.ttft_ms)?,
-                    ttfat_ms: positive_key(&key("ttfat_ms"), c.ttfat_ms)?,
-                    answer_tpot_ms: positive_key(&key("answer_tpot_ms"), c.answer_tpot_ms)?,
+                    ttft_ms: positive(&key("ttft_ms"), c.ttft_ms)?,
+                    ttfat_ms: positive(&key("ttfat_ms"), c.ttfat_ms)?,
+                    answer_tpot_ms: positive(&key("answer_tpot_ms"), c.answer_tpot_ms)?,
                     e2e_ms,
                 },
                 name,
@@ -1196,76 +748,26 @@ fn validate_classes(raw: Option<BTreeMap<String, RawClass>>, triage: OnOverload)
         .map(|pairs| pairs.into_iter().unzip())
 }
 
-fn validate_step_time(p: &StepTimeProfile) -> Result<()> {
-    non_negative("step_time.base_ms", p.base_ms)?;
-    positive("step_time.per_prefill_token_ms", p.per_prefill_token_ms)?;
-    non_negative("step_time.per_decode_request_ms", p.per_decode_request_ms)?;
-    non_negative("step_time.per_context_token_ms", p.per_context_token_ms)?;
-    if !(p.forgetting > 0.5 && p.forgetting <= 1.0) {
-        return Err(Error::config("step_time.forgetting", format!("{} is not in (0.5, 1]", p.forgetting)));
-    }
-    Ok(())
+/// The class called `name`, or an error on `key` saying it is not defined.
+fn class_id(classes: &[SloClass], key: &str, name: &str) -> Result<ClassId> {
+    classes
+        .iter()
+        .position(|c| c.name == name)
+        .map(|i| ClassId(i as u8))
+        .ok_or_else(|| Error::config(key, format!("class `{name}` is not defined")))
 }
 
-fn positive_key(key: &str, v: f64) -> Result<f64> {
-    if v.is_finite() && v > 0.0 {
-        Ok(v)
-    } else {
-        Err(Error::config(key, format!("{v} is not a positive number")))
+/// `priority_map` resolved: its keys parsed as vLLM priorities, in ascending order.
+fn parse_priority_map(classes: &[SloClass], map: &BTreeMap<String, String>) -> Result<Vec<(i64, ClassId)>> {
+    let mut out = Vec::with_capacity(map.len());
+    for (key, name) in map {
+        let threshold: i64 = key.trim().parse().map_err(|_| {
+            Error::config(format!("priority_map.{key}"), "keys must be integers (vLLM priorities)")
+        })?;
+        out.push((threshold, class_id(classes, &format!("priority_map.{key}"), name)?));
     }
-}
-
-fn positive(key: &str, v: f64) -> Result<f64> {
-    positive_key(key, v)
-}
-
-fn non_negative(key: &str, v: f64) -> Result<f64> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(v)
-    } else {
-        Err(Error::config(key, format!("{v} is not a non-negative number")))
-    }
-}
-
-fn at_least(key: &str, v: f64, min: f64) -> Result<f64> {
-    if v.is_finite() && v >= min {
-        Ok(v)
-    } else {
-        Err(Error::config(key, format!("{v} must be a number ≥ {min}")))
-    }
-}
-
-fn in_unit_interval(key: &str, v: f64) -> Result<f64> {
-    if v.is_finite() && v > 0.0 && v <= 1.0 {
-        Ok(v)
-    } else {
-        Err(Error::config(key, format!("{v} is not in (0, 1]")))
-    }
-}
-
-fn fraction(key: &str, v: f64) -> Result<f64> {
-    if (0.0..=1.0).contains(&v) {
-        Ok(v)
-    } else {
-        Err(Error::config(key, format!("{v} is not in [0, 1]")))
-    }
-}
-
-fn positive_u32(key: &str, v: u32) -> Result<u32> {
-    if v > 0 {
-        Ok(v)
-    } else {
-        Err(Error::config(key, "must be at least 1"))
-    }
-}
-
-fn non_empty_prior(key: &str, given: Option<Vec<u32>>, default: &[u32]) -> Result<Vec<u32>> {
-    match given {
-        None => Ok(default.to_vec()),
-        Some(v) if v.is_empty() => Err(Error::config(key, "must list at least one length")),
-        Some(v) if v.contains(&0) => Err(Error::config(key, "lengths must be at least 1 token")),
-        Some(v) => Ok(v),
-    }
+    out.sort_by_key(|(threshold, _)| *threshold);
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -1292,6 +794,59 @@ mod tests {
         assert!(msg.contains("`policy`") && msg.contains("fcfs") && msg.contains("`answer_first`"), "{msg}");
         let msg = Config::from_json(r#"{"policy": 3}"#).unwrap_err().to_string();
         assert!(msg.contains("`policy`"), "{msg}");
+    }
+
+    #[test]
+    fn the_schema_describes_each_policy_under_its_one_name() {
+        let schema: serde_json::Value = serde_json::from_str(&Config::json_schema()).unwrap();
+        let options = schema["$defs"]["Policy"]["oneOf"].as_array().unwrap();
+        let names: Vec<_> = options.iter().map(|o| o["const"].as_str().unwrap()).collect();
+        assert_eq!(names, Policy::ALL.map(Policy::name), "the schema's names are the parser's");
+        for option in options {
+            let text = option["description"].as_str().unwrap_or_default();
+            assert!(text.len() > 40, "{option}");
+        }
+    }
+
+    #[test]
+    fn a_row_check_names_the_dotted_key_and_the_value() {
+        for (json, key, said) in [
+            (r#"{"tpot_headroom": 1.5}"#, "tpot_headroom", "1.5 is not in (0, 1]"),
+            (r#"{"min_token_budget": 0}"#, "min_token_budget", "must be at least 1"),
+            (r#"{"think_tokens_prior": []}"#, "think_tokens_prior", "at least one length"),
+            (r#"{"step_log_path": " "}"#, "step_log_path", "not an empty string"),
+            (r#"{"step_time": {"forgetting": 0.5}}"#, "step_time.forgetting", "0.5 is not in (0.5, 1]"),
+            (
+                r#"{"predictor": {"memory_requests": 0.5}}"#,
+                "predictor.memory_requests",
+                "0.5 must be a number ≥ 1",
+            ),
+            (
+                r#"{"predictor": {"prior_memory_requests": 0}}"#,
+                "predictor.prior_memory_requests",
+                "0 must be",
+            ),
+            (
+                r#"{"arrival_preemption": {"max_per_step": 0}}"#,
+                "arrival_preemption.max_per_step",
+                "at least 1",
+            ),
+            (
+                r#"{"prefix_affinity": {"slack_guard_ttft_factor": -1}}"#,
+                "prefix_affinity.slack_guard_ttft_factor",
+                "-1",
+            ),
+            (
+                r#"{"thinking_control": {"eat": {"alpha": 2}}}"#,
+                "thinking_control.eat.alpha",
+                "2 is not in (0, 1)",
+            ),
+        ] {
+            let err = Config::from_json(json).unwrap_err();
+            let Error::InvalidConfig { key: got, reason } = &err else { panic!("{json}: {err:?}") };
+            assert_eq!(got, key, "{json}");
+            assert!(reason.contains(said), "{json}: {reason}");
+        }
     }
 
     #[test]
@@ -1640,7 +1195,7 @@ mod tests {
             serde_json::from_str(&Config::from_json(EVERY_KEY).unwrap().to_json()).unwrap();
         walk(&schema, &schema, &every, "");
         let policy = &properties(&schema, &schema)[0]["policy"];
-        assert!(policy.to_string().contains("answer_first"), "{policy}");
+        assert!(policy.to_string().contains("#/$defs/Policy"), "{policy}");
     }
 
     #[test]
