@@ -59,6 +59,7 @@ from meridian.replay.policies import (
 )
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.replay.report import policy_run
+from meridian.replay.runner import default_meridian_config
 from meridian.replay.workload import model_dir_for, offline_requests
 
 __all__ = [
@@ -119,13 +120,10 @@ FAMILIES: dict[str, Family] = {
     "mooncake": Family(("mooncake/synthetic_trace.jsonl",), {"h200-qwen3-8b": 600}, ("servegen", "servegen-ratio")),
 }
 
-#: Class targets: the replay's defaults and two sets around them, so no default is tuned to one.
+#: Class targets: the replay's defaults (``runner.DEFAULT_CLASSES_FILE``, read from that one file)
+#: and two sets around them, so no default is tuned to one.
 TARGET_SETS: dict[str, dict[str, dict[str, float]]] = {
-    "default": {
-        "interactive": {"ttft_ms": 2000, "ttfat_ms": 45000, "answer_tpot_ms": 50, "rank": 0},
-        "standard": {"ttft_ms": 5000, "ttfat_ms": 120000, "answer_tpot_ms": 100, "rank": 1},
-        "batch": {"ttft_ms": 60000, "ttfat_ms": 1800000, "answer_tpot_ms": 1000, "rank": 2},
-    },
+    "default": default_meridian_config()["classes"],
     "tight": {
         "interactive": {"ttft_ms": 1000, "ttfat_ms": 30000, "answer_tpot_ms": 40, "rank": 0},
         "standard": {"ttft_ms": 3000, "ttfat_ms": 90000, "answer_tpot_ms": 80, "rank": 1},

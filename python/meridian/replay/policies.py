@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meridian._core import Config
+from meridian._core import Config, config_schema
 from meridian.offline.engine import (
     ArrivalGate,
     EngineRun,
@@ -78,14 +78,14 @@ def check_queue_cap(cap: object) -> int:
     return cap
 
 
-_MERIDIAN_DESCRIPTIONS = {
-    "meridian": "Meridian: dual queue, slack, step budget, admission reserve, tiers",
-    "answer_first": "ablation: answering first, FCFS otherwise, nothing else",
-    "pascal": "reasoning first, answers paced at their TPOT target (PASCAL, arXiv 2602.11530)",
-    "uniboost": "prediction-free γ-boost between FCFS and SJF, KV-aware victim (UniBoost, arXiv 2606.18431)",
-    "scorpio": "least TTFT deadline first, unattainable last, TPOT-guarded batch size (SCORPIO, arXiv 2505.23022)",
-}
+def _core_policy_descriptions() -> dict[str, str]:
+    """Each core policy mode's description: its one doc comment in the core, which the core's
+    JSON Schema carries (``$defs.Policy.oneOf``), so no description is written twice."""
+    options = json.loads(config_schema())["$defs"]["Policy"]["oneOf"]
+    return {str(o["const"]): " ".join(str(o["description"]).split()) for o in options}
 
+
+_core_descriptions = _core_policy_descriptions()
 POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
@@ -105,7 +105,7 @@ POLICIES: dict[str, PolicySpec] = {
             "priority",
             valve=True,
         ),
-        *(PolicySpec(name, _MERIDIAN_DESCRIPTIONS[name], name) for name in POLICY_NAMES),
+        *(PolicySpec(name, _core_descriptions[name], name) for name in POLICY_NAMES),
     )
 }
 #: The stock baseline and the product, the two the demo puts side by side.

@@ -57,7 +57,14 @@ DEFAULT_TRACES = (
 DEFAULT_CLASS_RULE = "by-source:code=interactive,conv=standard"
 DEFAULT_PROFILE = "h200-qwen3-32b"
 #: Class targets a replay uses unless given a config: TTFAT targets sized for reasoning models
-#: (thinking runs to thousands of tokens), answer TPOT at or above reading speed.
+#: (thinking runs to thousands of tokens), answer TPOT at or above reading speed. They are the
+#: replay's own, not the core's defaults (what a server gets without ``classes``, in
+#: ``meridian-core``'s ``config.rs``, ``default_classes``): the same three classes and ranks, the
+#: same TPOT targets and batch class, but looser TTFT and TTFAT targets for ``interactive`` (2 s /
+#: 45 s against 1 s / 15 s) and ``standard`` (5 s / 120 s against 3 s / 60 s): the replay's
+#: requests think at production lengths (the ServeGen DeepSeek-R1 prior's p90 is 2,327 tokens,
+#: ~43 s of decode alone on ``DEFAULT_PROFILE``'s 18.3 ms batch-1 step), past the core's 15 s
+#: interactive TTFAT even on an idle server. ``corpus.TARGET_SETS["default"]`` reads this file.
 DEFAULT_CLASSES_FILE = DATA_DIR / "reasoning_classes.json"
 
 
