@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_replay(sub)
     _add_fit_profile(sub)
+    _add_disaggregated(sub)
     check = sub.add_parser("check-config", help="validate a --additional-config JSON value")
     check.add_argument("additional_config", help="the JSON given to vLLM's --additional-config")
     check.set_defaults(handler=_check_config)
@@ -81,6 +82,40 @@ def _add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: 1.5x the stock server's capacity, measured first with a burst)",
     )
     demo.set_defaults(handler=_demo)
+
+
+def _add_disaggregated(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    pd = sub.add_parser(
+        "disaggregated",
+        help="a prefill and a decode vllm serve with Meridian, NIXL between them, vllm-router (P/D) in front",
+        description="Starts a prefill and a decode `vllm serve` on 127.0.0.1, both with Meridian's scheduler "
+        "and middleware, the prompt's KV handed over by vLLM's NixlConnector (UCX over TCP on loopback), and "
+        "vllm-router in P/D mode in front; prints the router's URL and runs until Ctrl-C or SIGTERM. "
+        "See docs/operations/disaggregated.md.",
+    )
+    pd.add_argument(
+        "--model",
+        type=Path,
+        default=Path("tests/fixtures/tiny-reasoner"),
+        help="model folder (default: the tiny fixture)",
+    )
+    pd.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="where vLLM caches (default: .cache)")
+    pd.add_argument(
+        "--log-dir", type=Path, default=Path("disaggregated"), help="servers', router's and Meridian's logs"
+    )
+    pd.add_argument(
+        "--meridian",
+        default="{}",
+        help="the 'meridian' block of --additional-config for both sides, as JSON (the request and step logs "
+        "are set per side in --log-dir)",
+    )
+    pd.add_argument(
+        "serve_args",
+        nargs=argparse.REMAINDER,
+        help="after --: vllm serve flags both sides get (default: the tiny fixture's; Meridian's scheduler, "
+        "middleware and the connector are added)",
+    )
+    pd.set_defaults(handler=_disaggregated)
 
 
 def _floats(text: str) -> list[float]:
@@ -322,6 +357,26 @@ def _fit_profile(args: argparse.Namespace) -> int:
 
     print(write_fitted_profile(args.step_log, args.base, args.name, args.out))
     return 0
+
+
+def _disaggregated(args: argparse.Namespace) -> int:
+    import json
+
+    from meridian.demo.disaggregated import TINY_SERVER_ARGS, Disaggregated, serve_until_stopped
+
+    meridian = json.loads(args.meridian)
+    if not isinstance(meridian, dict):
+        raise ValueError(f"--meridian: expected a JSON object, got {args.meridian!r}")
+    serve_args = args.serve_args[1:] if args.serve_args[:1] == ["--"] else args.serve_args
+    serve_args = serve_args or list(TINY_SERVER_ARGS)
+    deployment = Disaggregated(
+        args.model.resolve(), serve_args, args.log_dir.resolve(), args.cache_dir.resolve(), meridian=meridian
+    )
+    try:
+        return serve_until_stopped(deployment)
+    except RuntimeError as exc:  # a server or the router exited while starting: its log is named
+        print(f"meridian: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _check_config(args: argparse.Namespace) -> int:

@@ -71,7 +71,11 @@ def router_binary() -> Path:
 @dataclass
 class VllmRouter:
     """``vllm-router`` on 127.0.0.1 in front of ``worker_urls``, for the duration of a ``with``
-    block; ``flags`` are its options after the workers and the policy."""
+    block; ``flags`` are its options after the workers and the policy. With ``prefill_decode``
+    (a prefill server's URL and a decode server's) it runs in vLLM's P/D mode instead
+    (``--vllm-pd-disaggregation``, ``worker_urls`` unused): each request is sent to the prefill
+    server with ``max_tokens`` 1 and ``kv_transfer_params`` asking for a remote decode, then to the
+    decode server with the prefill's answer's ``kv_transfer_params``."""
 
     worker_urls: list[str]
     policy: str
@@ -81,6 +85,7 @@ class VllmRouter:
     port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    prefill_decode: tuple[str, str] | None = None
 
     @property
     def base_url(self) -> str:
@@ -91,14 +96,18 @@ class VllmRouter:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def command(self) -> list[str]:
+        if self.prefill_decode is None:
+            workers = ["--worker-urls", *self.worker_urls]
+        else:
+            prefill, decode = self.prefill_decode
+            workers = ["--vllm-pd-disaggregation", "--prefill", prefill, "--decode", decode]
         return [
             str(router_binary()),
             "--host",
             "127.0.0.1",
             "--port",
             str(self.port),
-            "--worker-urls",
-            *self.worker_urls,
+            *workers,
             "--policy",
             self.policy,
             "--prometheus-host",

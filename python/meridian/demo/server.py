@@ -52,9 +52,18 @@ class VllmServer:
     """``vllm serve MODEL ARGS...`` on 127.0.0.1, for the duration of a ``with`` block."""
 
     def __init__(
-        self, model: Path, args: list[str], *, log_path: Path, cache_dir: Path, start_timeout_s: float = 300.0
+        self,
+        model: Path,
+        args: list[str],
+        *,
+        log_path: Path,
+        cache_dir: Path,
+        start_timeout_s: float = 300.0,
+        env: dict[str, str] | None = None,
     ):
         self.model = model
+        #: Variables this server's processes get on top of the caller's and the offline ones.
+        self.env = dict(env or {})
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.args = args
@@ -92,6 +101,7 @@ class VllmServer:
                 "PYTHONUNBUFFERED": "1",
             }
         )
+        env.update(self.env)
         (cache / "rpc").mkdir(parents=True, exist_ok=True)
         return env
 
