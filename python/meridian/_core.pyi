@@ -10,6 +10,7 @@ __all__ = [
     "POLICY_NAMES",
     "SHED_MARKER",
     "SHED_REASONS",
+    "KV_HANDOFFS",
     "THINKING_STOP_RULES",
     "THINKING_ARG",
     "THINKING_BUDGET_ARG",
@@ -52,6 +53,8 @@ THINKING_STOP_RULES: Final[tuple[str, ...]]
 SHED_MARKER: Final = "meridian:shed"
 #: The targets a request is shed for: ``("ttft", "ttfat")``.
 SHED_REASONS: Final[tuple[str, ...]]
+#: A request's parts in a prefill/decode hand-off: ``("local", "sends", "receives")``.
+KV_HANDOFFS: Final[tuple[str, ...]]
 
 def parse_shed_notice(text: str) -> tuple[str, int] | None:
     """``(reason, retry_after_s)`` of a shed request's message (its stop reason), or ``None``
@@ -301,6 +304,10 @@ class FinishedRequest:
     @property
     def probe(self) -> bool:
         """An internal EAT probe: its output must not reach a client."""
+    @property
+    def kv_handoff(self) -> str:
+        """Its part in a prefill/decode hand-off (one of ``KV_HANDOFFS``): a request that sent its
+        KV on (``sends``) is judged by its TTFT alone."""
 
 @final
 class Meridian:
@@ -353,13 +360,21 @@ class Meridian:
         headroom (ms, ``None`` when no request is before its answer), expected remaining output
         tokens; and the phase-weighted queue."""
     def learn_from_history(
-        self, slo_class: str, reason: str, answered: bool, num_think_tokens: int, num_answer_tokens: int
+        self,
+        slo_class: str,
+        reason: str,
+        answered: bool,
+        num_think_tokens: int,
+        num_answer_tokens: int,
+        kv_handoff: str = "local",
     ) -> bool:
         """Learns one finished request of an earlier run (a request-log line); returns whether it
-        taught anything (``False`` for a class this configuration lacks).
+        taught anything (``False`` for a class this configuration lacks, and for a line of a
+        request that only computed its prompt there, ``kv_handoff`` ``"sends"``).
 
         Raises:
-            InvalidArgumentError: ``reason`` is not one of the log's finish reasons.
+            InvalidArgumentError: ``reason`` is not one of the log's finish reasons, or
+                ``kv_handoff`` not one of ``KV_HANDOFFS``.
         """
     def arrival_snapshot(self, now_ms: float, running: list[int], waiting: list[int]) -> str:
         """The engine's queue as an arriving request would meet it, as the JSON text an
@@ -438,6 +453,21 @@ class Meridian:
         """Tokens of the request's KV a tier holds, as far as the core knows (0 after a failed load)."""
     def on_kv_load_failure(self, handle: int, num_blocks: int) -> None:
         """Loads of ``num_blocks`` of the request's KV blocks failed; it recomputes from now on."""
+    def set_kv_handoff(self, handle: int, handoff: str) -> None:
+        """Sets a request's part in a prefill/decode hand-off (one of ``KV_HANDOFFS``).
+
+        Raises:
+            InvalidArgumentError: ``handoff`` is not one of ``KV_HANDOFFS``.
+            UnknownRequestError: ``handle`` is not live.
+        """
+    def on_remote_kv_started(self, now_ms: float, handle: int) -> None:
+        """vLLM gave a receiving request the blocks its KV arrives into."""
+    def on_remote_kv_received(self, now_ms: float, handle: int) -> None:
+        """A receiving request's KV arrived."""
+    def kv_arrival_ms_per_token(self) -> float | None:
+        """Milliseconds per prompt token a KV arrival takes here, once one was measured."""
+    def handoff_counters(self) -> dict[str, int]:
+        """Hand-off counts: ``num_sent``, ``num_received``, ``num_received_tokens``, ``num_failed``."""
     def kv_load_ms_per_token(self, tier: int) -> float:
         """A tier's current fitted load cost (ms per token)."""
     def kv_tier_counters(self) -> dict[str, int]:

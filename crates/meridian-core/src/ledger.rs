@@ -286,6 +286,12 @@ pub struct PhaseCountsU64 {
 impl ClassCounters {
     /// Folds one finished request in.
     pub fn record(&mut self, ledger: &RequestLedger, reason: FinishReason, targets: &SloTargets) {
+        self.record_judged(ledger, reason, Attainment::judge(&ledger.metrics(), targets));
+    }
+
+    /// [`Self::record`] with the targets already judged (`met`: a request whose decode ran on
+    /// another engine is judged on the targets this one serves).
+    pub fn record_judged(&mut self, ledger: &RequestLedger, reason: FinishReason, met: Attainment) {
         let preemptions = ledger.num_preemptions;
         self.num_preemptions.prefill += u64::from(preemptions.prefill);
         self.num_preemptions.think += u64::from(preemptions.think);
@@ -295,7 +301,6 @@ impl ClassCounters {
             self.num_aborted += 1;
             return;
         }
-        let met = Attainment::judge(&ledger.metrics(), targets);
         self.num_completed += 1;
         self.num_met_ttft += u64::from(met.ttft);
         self.num_met_ttfat += u64::from(met.ttfat);

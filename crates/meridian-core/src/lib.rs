@@ -31,6 +31,7 @@
 pub mod admission;
 pub mod config;
 pub mod error;
+pub mod handoff;
 pub mod kv_tier;
 pub mod ledger;
 pub mod phase;
@@ -49,6 +50,7 @@ pub use config::{
     RestoreMode, StepTimeProfile, SHED_STATUSES,
 };
 pub use error::{Error, Result};
+pub use handoff::{HandoffCounters, KvHandoff};
 pub use kv_tier::{RestorePlan, TierCounters, TierId, TierSpan};
 pub use ledger::{
     Attainment, ClassCounters, FinishReason, PhaseCounts, PhaseCountsU64, RequestLedger, RequestMetrics,

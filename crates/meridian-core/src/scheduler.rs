@@ -23,6 +23,7 @@ use hashbrown::HashMap;
 
 use crate::config::{Config, ReasoningBlockRule};
 use crate::error::{check_time_ms, shown, Error, Result};
+use crate::handoff::{Handoffs, KvHandoff};
 use crate::kv_tier::{KvTiers, TierSpan, MAX_TIERS};
 use crate::ledger::{Attainment, ClassCounters, FinishReason, RequestLedger};
 use crate::phase::{Phase, PhaseTracker, ReasoningMarkers};
@@ -54,6 +55,11 @@ struct Tracked {
     offered_restore_tokens: Option<u32>,
     /// A KV load of this request failed: it recomputes from now on.
     kv_load_failed: bool,
+    /// Its part in a prefill/decode hand-off ([`Meridian::set_kv_handoff`]).
+    handoff: KvHandoff,
+    /// When vLLM gave it the blocks its arriving KV is written into
+    /// ([`Meridian::on_remote_kv_started`]), until the KV arrived.
+    kv_arriving_since_ms: Option<f64>,
     /// The prefix of its KV a tier holds ([`Meridian::on_kv_stored`]): what a resume after a
     /// preemption could load instead of recomputing.
     stored_prefix: Option<TierSpan>,
@@ -104,7 +110,13 @@ struct Hot {
     num_answer_tokens: u32,
     class: ClassId,
     phase: Phase,
+    /// It reasons here: a reasoning prompt whose thinking this engine generates (not a request
+    /// that only computes its prompt for another engine to decode).
     is_reasoning: bool,
+    /// Its part in a prefill/decode hand-off.
+    handoff: KvHandoff,
+    /// Its KV is arriving into blocks it already holds: admitting it takes no more blocks.
+    kv_arriving: bool,
     preempted: bool,
     has_started: bool,
     has_answered: bool,
@@ -134,7 +146,9 @@ impl Hot {
             num_answer_tokens: r.ledger.num_answer_tokens,
             class: r.class,
             phase: r.tracker.phase(),
-            is_reasoning: r.tracker.is_reasoning(),
+            is_reasoning: r.tracker.is_reasoning() && r.handoff != KvHandoff::Sends,
+            handoff: r.handoff,
+            kv_arriving: r.kv_arriving_since_ms.is_some(),
             preempted: r.preempted,
             has_started: r.ledger.first_token_ms.is_some(),
             has_answered: r.ledger.first_answer_ms.is_some(),
@@ -252,6 +266,8 @@ pub struct Meridian {
     degrades: bool,
     /// The KV tiers beyond the device and their load costs.
     kv_tiers: KvTiers,
+    /// Prefill/decode hand-offs: the fitted arrival cost and the counts.
+    handoffs: Handoffs,
     /// The shape of the last step measured: the extra step a KV load costs is priced as one
     /// more like it; `None` before the first measurement.
     last_step_shape: Option<StepShape>,
@@ -340,6 +356,7 @@ impl Meridian {
             fresh_think_p50_tokens: vec![0.0; class_table.len()],
             class_table,
             kv_tiers,
+            handoffs: Handoffs::default(),
             last_step_shape: None,
             min_restore_tokens: [f64::INFINITY; MAX_TIERS],
             prefix_index: PrefixIndex::new(),
@@ -457,6 +474,8 @@ impl Meridian {
             arrival_preempted_ms: None,
             offered_restore_tokens: None,
             kv_load_failed: false,
+            handoff: KvHandoff::Local,
+            kv_arriving_since_ms: None,
             stored_prefix: None,
             block_hashes: Box::default(),
             prefetched: false,
@@ -754,6 +773,7 @@ impl Meridian {
                 shed: None,
                 thinking_stop: None,
                 probe: true,
+                kv_handoff: request.handoff,
                 reason,
                 unknown_finish_reason,
                 class: request.class,
@@ -761,17 +781,22 @@ impl Meridian {
                 req_id: request.req_id,
             });
         }
+        let attainment = request.handoff.judge(&metrics, &targets);
         let counters = &mut self.class_counters[request.class.index()];
-        counters.record(&request.ledger, reason, &targets);
+        counters.record_judged(&request.ledger, reason, attainment);
         if let Some(shed) = request.shed {
             counters.num_shed[shed as usize] += 1;
         }
-        if reason.completed() {
+        let sends = request.handoff == KvHandoff::Sends;
+        if reason.completed() && !sends {
             let met = Attainment::judge(&request.ledger.metrics(), &targets).ttfat;
             let recent = &mut self.recent_ttfat_attainment[request.class.index()];
             *recent = Some(blend_attainment(*recent, met));
         }
-        if unknown_finish_reason.is_none() {
+        if sends {
+            // Its one token says nothing of how long thinking or answers run.
+            self.handoffs.on_sent();
+        } else if unknown_finish_reason.is_none() {
             // Nothing is known about how an unknown reason ended the request: learn nothing.
             self.learn_lengths(&request, reason);
         }
@@ -786,12 +811,13 @@ impl Meridian {
         self.stats.num_unknown_finish_reasons += u64::from(unknown_finish_reason.is_some());
         self.stats.num_reasoning_evictions += u64::from(never_reusable_from_token.is_some());
         Ok(FinishedRequest {
-            attainment: Attainment::judge(&metrics, &targets),
+            attainment,
             metrics,
             never_reusable_from_token,
             shed: request.shed,
             thinking_stop,
             probe: false,
+            kv_handoff: request.handoff,
             reason,
             unknown_finish_reason,
             class: request.class,
@@ -908,7 +934,9 @@ impl Meridian {
     /// whether it answered, and its thinking and answer tokens (a request that answered without
     /// thinking is taken for a non-reasoning one). The same rules as for the requests this core
     /// serves. Returns whether it taught anything: `false` for a class this configuration lacks
-    /// (a log of another configuration). An unknown `reason` is an error naming it.
+    /// (a log of another configuration) and for a request that only computed its prompt there
+    /// (`handoff` [`KvHandoff::Sends`]: its one token says nothing of lengths). An unknown
+    /// `reason` is an error naming it.
     pub fn learn_from_history(
         &mut self,
         slo_class: &str,
@@ -916,11 +944,15 @@ impl Meridian {
         answered: bool,
         num_think_tokens: u32,
         num_answer_tokens: u32,
+        handoff: KvHandoff,
     ) -> Result<bool> {
         let Some(class) = self.config.class_by_name(slo_class) else { return Ok(false) };
         let reason = FinishReason::ALL.into_iter().find(|r| r.name() == reason).ok_or_else(|| {
             Error::argument("reason", shown(reason), "not a finish reason of the request log")
         })?;
+        if handoff == KvHandoff::Sends {
+            return Ok(false);
+        }
         let think = (answered && num_think_tokens > 0).then_some(num_think_tokens);
         self.learn(class, think, reason, num_answer_tokens);
         Ok(think.is_some() || (reason == FinishReason::Stopped && num_answer_tokens > 0))
@@ -1018,6 +1050,7 @@ fn ceil_tokens(x: f64) -> u64 {
 }
 
 mod admission;
+mod handoff;
 mod load;
 mod order;
 mod overload;

@@ -251,6 +251,7 @@ struct PyFinishedRequest {
     thinking_stopped_by: Option<&'static str>,
     thinking_stopped_after_tokens: Option<u32>,
     probe: bool,
+    kv_handoff: &'static str,
 }
 
 /// The restore-or-recompute choice for one KV tier hit.
@@ -416,7 +417,9 @@ impl PyMeridian {
     }
 
     /// Learns one finished request of an earlier run (a request-log line's class, reason,
-    /// whether it answered, thinking and answer tokens); returns whether it taught anything.
+    /// whether it answered, thinking and answer tokens, hand-off part); returns whether it
+    /// taught anything.
+    #[pyo3(signature = (slo_class, reason, answered, num_think_tokens, num_answer_tokens, kv_handoff = "local"))]
     fn learn_from_history(
         &mut self,
         slo_class: &str,
@@ -424,9 +427,11 @@ impl PyMeridian {
         answered: bool,
         num_think_tokens: u32,
         num_answer_tokens: u32,
+        kv_handoff: &str,
     ) -> PyResult<bool> {
+        let handoff = kv_handoff_named(kv_handoff)?;
         self.inner
-            .learn_from_history(slo_class, reason, answered, num_think_tokens, num_answer_tokens)
+            .learn_from_history(slo_class, reason, answered, num_think_tokens, num_answer_tokens, handoff)
             .map_err(to_py)
     }
 
@@ -531,6 +536,7 @@ impl PyMeridian {
             thinking_stopped_by: done.thinking_stop.map(|s| s.reason.as_str()),
             thinking_stopped_after_tokens: done.thinking_stop.map(|s| s.num_think_tokens),
             probe: done.probe,
+            kv_handoff: done.kv_handoff.name(),
             req_id: done.req_id,
         })
     }
@@ -798,6 +804,39 @@ impl PyMeridian {
         self.inner.on_kv_load_failure(core::ReqHandle(handle), num_blocks).map_err(to_py)
     }
 
+    /// Sets a request's part in a prefill/decode hand-off (`KV_HANDOFFS`: "local", "sends",
+    /// "receives").
+    fn set_kv_handoff(&mut self, handle: u64, handoff: &str) -> PyResult<()> {
+        let part = kv_handoff_named(handoff)?;
+        self.inner.set_kv_handoff(core::ReqHandle(handle), part).map_err(to_py)
+    }
+
+    /// vLLM gave a receiving request the blocks its KV arrives into.
+    fn on_remote_kv_started(&mut self, now_ms: f64, handle: u64) -> PyResult<()> {
+        self.inner.on_remote_kv_started(now_ms, core::ReqHandle(handle)).map_err(to_py)
+    }
+
+    /// A receiving request's KV arrived.
+    fn on_remote_kv_received(&mut self, now_ms: f64, handle: u64) -> PyResult<()> {
+        self.inner.on_remote_kv_received(now_ms, core::ReqHandle(handle)).map_err(to_py)
+    }
+
+    /// Milliseconds per prompt token a KV arrival takes here, once one was measured.
+    fn kv_arrival_ms_per_token(&self) -> Option<f64> {
+        self.inner.kv_arrival_ms_per_token()
+    }
+
+    /// Hand-off counts as a dict.
+    fn handoff_counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.inner.handoff_counters();
+        let d = PyDict::new(py);
+        d.set_item("num_sent", c.num_sent)?;
+        d.set_item("num_received", c.num_received)?;
+        d.set_item("num_received_tokens", c.num_received_tokens)?;
+        d.set_item("num_failed", c.num_failed)?;
+        Ok(d)
+    }
+
     /// A tier's current fitted load cost in ms per token.
     fn kv_load_ms_per_token(&self, tier: u8) -> PyResult<f64> {
         self.inner.kv_load_ms_per_token(core::TierId(tier)).map_err(to_py)
@@ -850,6 +889,16 @@ fn hashes_from_bytes(bytes: &[u8], hash_size: usize) -> PyResult<Vec<u64>> {
         .collect())
 }
 
+/// The hand-off part named `name`, or an error naming the bad value and the known ones.
+fn kv_handoff_named(name: &str) -> PyResult<core::KvHandoff> {
+    core::KvHandoff::from_name(name).ok_or_else(|| {
+        errors::invalid_argument(format!(
+            "invalid `kv_handoff` {name:?}: expected one of {:?}",
+            core::KvHandoff::ALL.map(core::KvHandoff::name)
+        ))
+    })
+}
+
 fn handles(raw: Vec<u64>) -> Vec<core::ReqHandle> {
     raw.into_iter().map(core::ReqHandle).collect()
 }
@@ -886,6 +935,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("POLICY_NAMES", PyTuple::new(m.py(), core::Policy::ALL.map(core::Policy::name))?)?;
     m.add("THINKING_STOP_RULES", PyTuple::new(m.py(), core::StopReason::ALL.map(core::StopReason::as_str))?)?;
     m.add("SHED_MARKER", core::SHED_MARKER)?;
+    m.add("KV_HANDOFFS", PyTuple::new(m.py(), core::KvHandoff::ALL.map(core::KvHandoff::name))?)?;
     m.add_function(wrap_pyfunction!(parse_shed_notice, m)?)?;
     m.add("SHED_REASONS", PyTuple::new(m.py(), core::ShedReason::ALL.map(core::ShedReason::name))?)?;
     m.add_class::<PyConfig>()?;

@@ -86,6 +86,21 @@ def waited_ms(request: Request) -> float:
     return 0.0 if value is None else float(value)
 
 
+def kv_handoff(request: Request) -> str | None:
+    """The request's part in a prefill/decode hand-off as vLLM's KV connectors read its
+    ``kv_transfer_params`` (read at arrival: NIXL clears ``do_remote_prefill`` once the load is
+    under way): ``sends`` for ``do_remote_decode``, ``receives`` for ``do_remote_prefill``, else
+    ``None``."""
+    params = request.kv_transfer_params
+    if not isinstance(params, dict):
+        return None
+    if params.get("do_remote_prefill"):
+        return "receives"
+    if params.get("do_remote_decode"):
+        return "sends"
+    return None
+
+
 def finish_reason(request: Request) -> str:
     """vLLM's own finish reason of a finished request, as it names it on the wire (``stop``,
     ``length``, ``abort``, ``error``, …); the status name when vLLM maps it to none. The core
@@ -153,6 +168,7 @@ def warm_start(core: Meridian, config: Config, rank: int | None = None) -> tuple
                 entry["ttfat_ms"] is not None,
                 int(entry["num_think_tokens"]),
                 int(entry["num_answer_tokens"]),
+                str(entry.get("kv_handoff", "local")),
             )
         except (ValueError, KeyError, TypeError, OverflowError, MeridianError):
             taught = False

@@ -43,6 +43,7 @@ from meridian.vllm.config import runs_meridian_scheduler
 from meridian.vllm.names import (
     BUS_DIR_ENV,
     CLASS_TARGETS,
+    KV_HANDOFF_OUTCOMES,
     KV_TIER_DECISIONS,
     PREEMPTION_PHASES,
     REQUEST_STATES,
@@ -169,6 +170,8 @@ class MeridianMetrics:
         self.kv_tier_resumes = make("kv_tier_resumes")
         self.kv_tier_resume_tokens = make("kv_tier_resume_tokens")
         self.kv_tier_failed_load_blocks = make("kv_tier_failed_load_blocks")
+        self.kv_handoffs = make("kv_handoffs")
+        self.kv_handoff_received_tokens = make("kv_handoff_received_tokens")
         self.num_requests = make("num_requests")
         self.least_slack = make("least_slack")
         self.ttfat_headroom = make("ttfat_headroom")
@@ -204,11 +207,14 @@ class MeridianMetrics:
         for decision in KV_TIER_DECISIONS:
             self._child(self.kv_tier_resumes, decision=decision)
             self._child(self.kv_tier_resume_tokens, decision=decision)
+        for outcome in KV_HANDOFF_OUTCOMES:
+            self._child(self.kv_handoffs, outcome=outcome)
         for term in STEP_TIME_TERMS:
             self._child(self.step_time_model, term=term)
         for series in (
             self.answer_preemption_alarms,
             self.kv_tier_failed_load_blocks,
+            self.kv_handoff_received_tokens,
             self.phase_weighted_queue,
             self.expected_output_tokens,
         ):
@@ -270,6 +276,10 @@ class MeridianMetrics:
         self._advance(self.kv_tier_resume_tokens, tier["num_restored_tokens"], decision="loaded")
         self._advance(self.kv_tier_resume_tokens, tier["num_recomputed_tokens"], decision="recomputed")
         self._advance(self.kv_tier_failed_load_blocks, tier["num_failed_load_blocks"])
+        handoffs = core.handoff_counters()
+        for outcome in KV_HANDOFF_OUTCOMES:
+            self._advance(self.kv_handoffs, handoffs[f"num_{outcome}"], outcome=outcome)
+        self._advance(self.kv_handoff_received_tokens, handoffs["num_received_tokens"])
         for rule, count in core.num_thinking_stops().items():
             self._advance(self.thinking_stops, count, rule=rule)
 

@@ -33,6 +33,7 @@ __all__ = [
     "EFFORT_ARG",
     "EFFORT_FIELD",
     "EFFORT_LEVELS",
+    "KV_HANDOFF_OUTCOMES",
     "KV_TIER_DECISIONS",
     "LOGITS_PROCESSOR",
     "MIDDLEWARE",
@@ -119,6 +120,7 @@ REPORT_FIELDS = (
     "num_preemptions_answer",
     "met_all",
     "never_reusable_from_token",
+    "kv_handoff",
 )
 #: Fields after them: the thinking-control rule that ended the reasoning, and after how many tokens.
 THINKING_STOP_FIELDS = ("thinking_stopped_by", "thinking_stopped_after_tokens")
@@ -152,6 +154,8 @@ STEP_TIME_TERMS = ("base", "per_prefill_token", "per_decode_request", "per_conte
 CLASS_TARGETS = ("ttft", "ttfat", "answer_tpot", "e2e")
 #: What became of a KV-tier hit on resume.
 KV_TIER_DECISIONS = ("loaded", "recomputed")
+#: What became of a prefill/decode hand-off on this engine.
+KV_HANDOFF_OUTCOMES = ("sent", "received", "failed")
 
 #: The values of every label with a fixed set of them (``class`` takes the configured class names).
 LABEL_VALUES: dict[str, tuple[str, ...]] = {
@@ -160,6 +164,7 @@ LABEL_VALUES: dict[str, tuple[str, ...]] = {
     "reason": SHED_REASONS,
     "rule": THINKING_STOP_RULES,
     "decision": KV_TIER_DECISIONS,
+    "outcome": KV_HANDOFF_OUTCOMES,
     "state": REQUEST_STATES,
     "term": STEP_TIME_TERMS,
     "target": CLASS_TARGETS,
@@ -260,6 +265,21 @@ SERIES: dict[str, Series] = {
             "counter",
             (),
             "KV blocks whose load from a tier failed (recomputed).",
+        ),
+        Series(
+            "kv_handoffs",
+            "meridian:kv_handoffs_total",
+            "counter",
+            ("outcome",),
+            "Prefill/decode hand-offs of this engine: KV sent on after the prompt (prefill side), "
+            "received from another engine, or whose arrival failed (the prompt was computed here).",
+        ),
+        Series(
+            "kv_handoff_received_tokens",
+            "meridian:kv_handoff_received_tokens_total",
+            "counter",
+            (),
+            "Prompt tokens whose KV arrived from another engine instead of being computed here.",
         ),
         Series("num_requests", "meridian:num_requests", "gauge", ("class", "state"), "Requests by class and state."),
         Series(

@@ -43,7 +43,11 @@ class MeridianWaitingQueue(RequestQueue):
     def __init__(self, requests: Iterable[Request] = ()) -> None:
         self._items: deque[Request] = deque(requests)
         self._allowance: int | None = None
-        self._popped: list[Request] = []
+        #: The requests the waiting loop popped since the plan, each with its status when the loop
+        #: looked at it (its last peek: vLLM marks a request it starts a remote KV load for
+        #: before it pops it to set it aside).
+        self._popped: list[tuple[Request, RequestStatus]] = []
+        self._peeked: tuple[Request, RequestStatus] | None = None
         #: Of ``_popped``, how many are counted so far and how many of those were admitted.
         self._num_counted = 0
         self._num_admitted = 0
@@ -54,6 +58,7 @@ class MeridianWaitingQueue(RequestQueue):
         self._items = deque(items[i] for i in order)
         self._allowance = num_admissible
         self._popped = []
+        self._peeked = None
         self._num_counted = self._num_admitted = 0
 
     def defer(self, requests: list[Request], position: int) -> None:
@@ -68,16 +73,24 @@ class MeridianWaitingQueue(RequestQueue):
         """Lifts the allowance after the step (vLLM code outside ``schedule()`` sees plain FCFS)."""
         self._allowance = None
         self._popped = []
+        self._peeked = None
         self._num_counted = self._num_admitted = 0
 
     def num_admitted(self) -> int:
-        """Requests the waiting loop admitted since the plan opened the gate. A popped request's
-        fate is settled by the time the loop asks again, so each is counted once (the loop asks
-        once per request it looks at: linear, not quadratic, in the step's admissions)."""
-        for request in self._popped[self._num_counted :]:
-            self._num_admitted += request.status in _ADMITTED_STATUSES
+        """Requests the waiting loop admitted since the plan opened the gate: popped ones it moved
+        into an admitted state (one popped while waiting for remote KV and skipped again, still
+        waiting, is no new admission). A popped request's fate is settled by the time the loop
+        asks again, so each is counted once (the loop asks once per request it looks at: linear,
+        not quadratic, in the step's admissions)."""
+        for request, popped_as in self._popped[self._num_counted :]:
+            self._num_admitted += request.status in _ADMITTED_STATUSES and request.status != popped_as
         self._num_counted = len(self._popped)
         return self._num_admitted
+
+    def remote_loads_started(self) -> list[Request]:
+        """Requests the waiting loop gave blocks for a remote KV load since the plan."""
+        status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        return [request for request, popped_as in self._popped if request.status == status != popped_as]
 
     def add_request(self, request: Request) -> None:
         self._items.append(request)
@@ -85,13 +98,18 @@ class MeridianWaitingQueue(RequestQueue):
     def pop_request(self) -> Request:
         request = self._items.popleft()
         if self._allowance is not None:
-            self._popped.append(request)
+            peeked, self._peeked = self._peeked, None
+            looked_at = peeked[1] if peeked is not None and peeked[0] is request else request.status
+            self._popped.append((request, looked_at))
         return request
 
     def peek_request(self) -> Request:
         if not self._items:
             raise IndexError("peek from an empty queue")
-        return self._items[0]
+        request = self._items[0]
+        if self._allowance is not None:
+            self._peeked = (request, request.status)
+        return request
 
     def prepend_request(self, request: Request) -> None:
         self._items.appendleft(request)

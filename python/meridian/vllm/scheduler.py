@@ -255,6 +255,9 @@ class MeridianScheduler(AsyncScheduler):
             self._reject(request, str(exc))
             return
         setattr(request, HANDLE_ATTR, handle)
+        handoff = convert.kv_handoff(request)
+        if handoff is not None:
+            self.meridian.set_kv_handoff(handle, handoff)
         if self._sets_vllm_thinking_budget:
             self._set_vllm_thinking_budget(request, handle, slo_class)
         if self._device_events is not None and request.block_hashes:
@@ -298,6 +301,7 @@ class MeridianScheduler(AsyncScheduler):
         handed_over = time.perf_counter()
         try:
             output = super().schedule(throttle_prefills)
+            self._record_remote_loads_started()
         finally:
             self._meridian_waiting.close_gate()
             self.running.extend(held)
@@ -317,6 +321,8 @@ class MeridianScheduler(AsyncScheduler):
         kv_output = model_runner_output.kv_connector_output
         if kv_output is not None and kv_output.invalid_block_ids:
             self._record_load_failures(kv_output.invalid_block_ids)
+        if kv_output is not None and kv_output.finished_recving:
+            self._record_remote_loads_received(kv_output.finished_recving)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         started = time.perf_counter()
         now_ms = self.clock_ms()
@@ -454,6 +460,24 @@ class MeridianScheduler(AsyncScheduler):
             )
             if failed:
                 self.meridian.on_kv_load_failure(handle, failed)
+
+    def _record_remote_loads_started(self) -> None:
+        started = self._meridian_waiting.remote_loads_started()
+        if not started:
+            return
+        now_ms = self.clock_ms()
+        for request in started:
+            handle = getattr(request, HANDLE_ATTR, None)
+            if handle is not None:
+                self.meridian.on_remote_kv_started(now_ms, handle)
+
+    def _record_remote_loads_received(self, req_ids: Iterable[str]) -> None:
+        now_ms = self.clock_ms()
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            handle = getattr(request, HANDLE_ATTR, None) if request is not None else None
+            if handle is not None:
+                self.meridian.on_remote_kv_received(now_ms, handle)
 
     def _record_tokens(self, now_ms: float, batches: Iterable[EngineCoreOutputs]) -> None:
         handles: list[int] = []

@@ -259,8 +259,9 @@ impl Meridian {
             if r.shed {
                 break; // shed requests are last: nothing after them is admitted either
             }
-            // One block more than the tokens need: the first decode step must fit too.
-            let need = (u64::from(r.num_tokens) + 1).div_ceil(block_size);
+            // One block more than the tokens need: the first decode step must fit too. A request
+            // whose KV is arriving holds its blocks already.
+            let need = if r.kv_arriving { 0 } else { (u64::from(r.num_tokens) + 1).div_ceil(block_size) };
             if need > blocks_left {
                 if now_ms - r.waiting_since_ms >= self.config.starvation_ms {
                     break;

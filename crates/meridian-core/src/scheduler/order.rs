@@ -271,7 +271,7 @@ impl Meridian {
         let expected_think_tokens = self.expected_think_tokens(r);
         let ttfat_slack = r.arrival_ms + targets.ttfat_ms - now_ms - (expected_think_tokens + 1.0) * step_ms;
         if !r.has_started {
-            let prefill_ms = self.prefill_ms(r.num_tokens);
+            let prefill_ms = self.prompt_ms(r);
             let ttft_slack = r.arrival_ms + targets.ttft_ms - now_ms - prefill_ms;
             ttfat_slack.min(ttft_slack)
         } else {
@@ -384,7 +384,7 @@ impl Meridian {
     /// worth little once its chance is gone, one close to it but short still finishes.
     #[inline]
     pub(super) fn value_density(&self, now_ms: f64, r: &Hot, targets: &SloTargets, step_ms: f64) -> f64 {
-        let prefill_ms = if r.has_started { 0.0 } else { self.prefill_ms(r.num_tokens) };
+        let prefill_ms = if r.has_started { 0.0 } else { self.prompt_ms(r) };
         let lengths = &self.lengths[r.class.index()];
         let prob = if r.is_reasoning && r.phase != Phase::Answer {
             let left_ms = r.arrival_ms + targets.ttfat_ms - now_ms - prefill_ms;
@@ -414,7 +414,7 @@ impl Meridian {
             return (0, sortable(r.arrival_ms), 0);
         }
         let deadline_ms = r.arrival_ms + self.targets(r.class).ttft_ms;
-        let prefill_ms = self.prefill_ms(r.num_tokens);
+        let prefill_ms = self.prompt_ms(r);
         let attainable = now_ms + prefill_ms <= deadline_ms;
         (if attainable { 1 } else { 2 }, sortable(deadline_ms), 0)
     }

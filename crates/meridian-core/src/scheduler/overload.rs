@@ -167,7 +167,7 @@ impl Meridian {
             // or two after the plan (the step in flight, then the output): judged that far ahead,
             // a request shed for its TTFT is told before its deadline.
             let to_first_token_ms = if queued {
-                self.prefill_ms(r.num_tokens) + self.queued_lead_ms.max(QUEUED_LEAD_STEPS * step_ms)
+                self.prompt_ms(r) + self.queued_lead_ms.max(QUEUED_LEAD_STEPS * step_ms)
             } else {
                 0.0
             };
@@ -207,8 +207,11 @@ impl Meridian {
                 judgements[h.slot()] = late.map_or(0, |reason| reason as u8 + 1);
                 if !in_running && !r.shed {
                     candidates.num_waiting += 1;
-                    candidates.waiting_blocks +=
-                        u64::from(r.num_tokens + 1).div_ceil(u64::from(self.limits.block_size));
+                    // A request whose KV is arriving holds its blocks already.
+                    if !r.kv_arriving {
+                        candidates.waiting_blocks +=
+                            u64::from(r.num_tokens + 1).div_ceil(u64::from(self.limits.block_size));
+                    }
                 }
                 let Some(reason) = late else { continue };
                 let sheddable = self.any_shed_class
@@ -320,7 +323,7 @@ impl Meridian {
                 continue;
             }
             let next_start_ms = now_ms + self.longest_step_ms;
-            let first_token_ms = next_start_ms + self.prefill_ms(r.num_tokens) + self.queued_lead_ms;
+            let first_token_ms = next_start_ms + self.prompt_ms(r) + self.queued_lead_ms;
             if first_token_ms > r.arrival_ms + self.targets(r.class).ttft_ms
                 && self.mark_shed(h, ShedReason::Ttft)
             {

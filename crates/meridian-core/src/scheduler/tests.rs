@@ -1333,7 +1333,7 @@ fn an_earlier_runs_request_log_teaches_the_predictors_what_its_own_requests_woul
     let mut warm = engine();
     let mut served = engine();
     for i in 0..300 {
-        assert!(warm.learn_from_history("standard", "stopped", true, 20, 5).unwrap());
+        assert!(warm.learn_from_history("standard", "stopped", true, 20, 5, KvHandoff::Local).unwrap());
         let h = add(&mut served, &format!("r{i}"), 0.0, 8);
         served.on_tokens(1.0, h, &[THINK]).unwrap();
         think(&mut served, 1.0, h, 19);
@@ -1348,13 +1348,26 @@ fn an_earlier_runs_request_log_teaches_the_predictors_what_its_own_requests_woul
 #[test]
 fn history_of_another_configuration_or_a_truncated_request_teaches_nothing() {
     let mut core = engine();
-    assert!(!core.learn_from_history("gold", "stopped", true, 20, 5).unwrap(), "a class this server lacks");
     assert!(
-        !core.learn_from_history("standard", "length", false, 0, 5).unwrap(),
+        !core.learn_from_history("gold", "stopped", true, 20, 5, KvHandoff::Local).unwrap(),
+        "a class this server lacks"
+    );
+    assert!(
+        !core.learn_from_history("standard", "length", false, 0, 5, KvHandoff::Local).unwrap(),
         "cut short before answering"
     );
-    assert!(core.learn_from_history("standard", "length", true, 30, 5).unwrap(), "its thinking ended");
-    let e = core.learn_from_history("standard", "finished", true, 1, 1).unwrap_err().to_string();
+    assert!(
+        core.learn_from_history("standard", "length", true, 30, 5, KvHandoff::Local).unwrap(),
+        "its thinking ended"
+    );
+    assert!(
+        !core.learn_from_history("standard", "length", true, 30, 5, KvHandoff::Sends).unwrap(),
+        "a prefill instance's line teaches nothing"
+    );
+    let e = core
+        .learn_from_history("standard", "finished", true, 1, 1, KvHandoff::Local)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("`reason`") && e.contains("finished"), "{e}");
 }
 

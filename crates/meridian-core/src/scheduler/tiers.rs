@@ -121,6 +121,7 @@ impl Meridian {
     /// bad copy at the next lookup, and loading it again would fail again.
     pub fn on_kv_load_failure(&mut self, handle: ReqHandle, num_blocks: u64) -> Result<()> {
         self.get_mut(handle)?.kv_load_failed = true;
+        self.on_handoff_failed(handle)?;
         self.refresh_hot(handle);
         self.kv_tiers.on_load_failure(num_blocks);
         Ok(())

@@ -6,6 +6,7 @@
 
 use super::{Shed, ShedReason};
 use crate::error::{Error, Result};
+use crate::handoff::KvHandoff;
 use crate::ledger::{Attainment, FinishReason, PhaseCountsU64, RequestLedger, RequestMetrics};
 use crate::phase::Phase;
 use crate::slo::ClassId;
@@ -154,6 +155,9 @@ pub struct FinishedRequest {
     /// It was an internal EAT probe ([`crate::Meridian::add_probe`]): its output must not reach
     /// a client, and it is in no counter.
     pub probe: bool,
+    /// Its part in a prefill/decode hand-off: a request that sent its KV on is judged
+    /// ([`Self::attainment`]) and counted by its TTFT alone.
+    pub kv_handoff: KvHandoff,
 }
 
 /// What the core holds on the heap, for checking that a long-running engine stays flat: every
