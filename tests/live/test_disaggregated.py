@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tiny_server import QUEUE_LATE
 
 from meridian.demo.disaggregated import Disaggregated, request_log
-from meridian.vllm.names import CLASS_ARG
+from meridian.vllm.names import CLASS_ARG, METRIC_NAMES
 
 pytestmark = pytest.mark.vllm
 
@@ -96,6 +96,19 @@ def source_tokens(server_url: str) -> dict[str, float]:
     return last
 
 
+def handoffs(server_url: str, outcome: str, *, at_least: float = 1.0) -> float:
+    """Meridian's ``meridian:kv_handoffs_total`` of ``outcome`` on a server, once it reaches
+    ``at_least`` or after 10 s (the counters are mirrored at most every 0.25 s and when idle)."""
+    deadline = time.monotonic() + 10
+    while True:
+        text = httpx.get(f"{server_url}/metrics", timeout=10.0).text
+        total = sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                    if sample.name == METRIC_NAMES["kv_handoffs"] and sample.labels.get("outcome") == outcome)
+        if total >= at_least or time.monotonic() > deadline:
+            return total
+        time.sleep(0.5)
+
+
 def log_lines(path: Path) -> list[dict[str, Any]]:
     """Every line of a request log, each parsed: a torn line fails the test."""
     if not path.exists():
@@ -129,13 +142,16 @@ def test_routed_outputs_match_a_colocated_server_and_the_kv_arrives(pd: Disaggre
     # The decode side computes at most the last prompt token of each itself (vLLM leaves one to
     # sample from); the rest arrived.
     assert received >= prompt_tokens - len(routed) and computed <= len(routed), (received, computed)
-    # The class crossed the router to both sides, each of which wrote the request whole.
+    # The class crossed the router to both sides, each of which wrote the request whole, and each
+    # side's Meridian knew its part: the prefill side's sent its KV on, the decode side's received it.
     for response in routed:
-        for side in ("prefill", "decode"):
+        for side, part in (("prefill", "sends"), ("decode", "receives")):
             lines = lines_for(request_log(pd.log_dir, side), response.json()["id"])
-            assert [line["slo_class"] for line in lines] == [CLASS], (side, lines)
+            assert [(line["slo_class"], line["kv_handoff"]) for line in lines] == [(CLASS, part)], (side, lines)
         [prefill_line] = lines_for(request_log(pd.log_dir, "prefill"), response.json()["id"])
         assert prefill_line["num_think_tokens"] + prefill_line["num_answer_tokens"] == 1, prefill_line
+    assert handoffs(pd.prefill.base_url, "sent") >= len(routed)
+    assert handoffs(pd.decode.base_url, "received") >= len(routed)
 
 
 def test_a_sabotaged_handoff_changes_the_output(pd: Disaggregated) -> None:
@@ -174,6 +190,7 @@ def test_a_vanished_prefill_agent_ends_in_a_clear_error(pd: Disaggregated) -> No
     assert response.status_code >= 500 and elapsed < TIMEOUT_S, response.text
     assert httpx.get(f"{pd.decode.base_url}/health", timeout=10).status_code == 200
     assert any(line["reason"] == "error" for line in log_lines(request_log(pd.log_dir, "decode")))
+    assert handoffs(pd.decode.base_url, "failed") >= 1, "the decode side's Meridian counted the failed arrival"
 
 
 def test_the_decode_side_killed_mid_stream_ends_the_stream(pd: Disaggregated) -> None:
