@@ -29,6 +29,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tiny_server import QUEUE_LATE
 
+from meridian._core import parse_shed_notice
 from meridian.demo.disaggregated import Disaggregated, request_log
 from meridian.vllm.names import CLASS_ARG, METRIC_NAMES
 
@@ -54,10 +55,24 @@ NUM_TOKENS = 4
 TIMEOUT_S = 180.0
 
 
+#: The default classes, queueing when late, and `rush`, whose 1 ms TTFT target no prompt can
+#: meet: the prefill side sheds every `rush` request before computing it.
+CLASSES = {
+    "classes": {
+        "interactive": {"ttft_ms": 1000, "ttfat_ms": 15000, "answer_tpot_ms": 50, "rank": 0, "on_overload": "queue"},
+        "standard": {"ttft_ms": 3000, "ttfat_ms": 60000, "answer_tpot_ms": 100, "rank": 1, "on_overload": "queue"},
+        "batch": {"ttft_ms": 60000, "ttfat_ms": 1800000, "answer_tpot_ms": 1000, "rank": 2, "on_overload": "queue"},
+        "rush": {"ttft_ms": 1, "ttfat_ms": 60000, "answer_tpot_ms": 1000, "rank": 0, "on_overload": "shed"},
+    },
+    "default_class": "standard",
+    "priority_map": {"0": "standard"},
+}
+
+
 @pytest.fixture(scope="module")
 def pd(random_model: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Disaggregated]:
     folder = tmp_path_factory.mktemp("disaggregated")
-    with Disaggregated(random_model, SERVER_ARGS, folder, cache_dir, meridian=dict(QUEUE_LATE),
+    with Disaggregated(random_model, SERVER_ARGS, folder, cache_dir, meridian=dict(QUEUE_LATE) | CLASSES,
                        served_model_name=MODEL_NAME) as deployment:
         yield deployment
 
@@ -175,6 +190,22 @@ def test_a_bad_argument_is_refused_through_the_router(pd: Disaggregated) -> None
                           json={"model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 2,
                                 "vllm_xargs": {CLASS_ARG: "no-such-class"}})
     assert response.status_code == 400 and CLASS_ARG in response.text, response.text
+
+
+def test_a_shed_on_the_prefill_side_reaches_the_client_with_retry_after(pd: Disaggregated) -> None:
+    """A request its class's TTFT target rules out is shed by the prefill side before its prompt
+    is computed or its KV sent; through the router the client gets the shed status and Meridian's
+    notice with the seconds to wait, and the decode side never sees it. (vllm-router 0.1.17's P/D
+    mode drops the prefill side's ``Retry-After`` header; the notice in the body still says it.)"""
+    response = complete(pd.base_url, PROMPTS[0], vllm_xargs={CLASS_ARG: "rush"})
+    print(f"\nshed through the router: HTTP {response.status_code}, Retry-After "
+          f"{response.headers.get('retry-after')}: {response.text[:160]}")
+    assert response.status_code == 429, response.text
+    notice = parse_shed_notice(response.json()["error"]["message"])
+    assert notice is not None and notice[0] == "ttft" and notice[1] >= 1, response.text
+    if "retry-after" in response.headers:
+        assert int(response.headers["retry-after"]) == notice[1]
+    assert not [line for line in log_lines(request_log(pd.log_dir, "decode")) if line["slo_class"] == "rush"]
 
 
 def test_a_vanished_prefill_agent_ends_in_a_clear_error(pd: Disaggregated) -> None:
