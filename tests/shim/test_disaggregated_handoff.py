@@ -167,3 +167,23 @@ def test_the_prefill_side_judges_its_ttft_logs_sends_and_teaches_no_warm_start(
     assert convert.warm_start(restarted, config) == (str(log), 0, 1)
     with pytest.raises(InvalidArgumentError, match="kv_handoff"):
         restarted.learn_from_history(line["slo_class"], line["reason"], False, 0, 0, "remote")
+
+
+def test_vllms_own_clean_up_request_is_no_clients_request(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """After a failed hand-off vLLM's API server adds a pre-aborted request carrying the
+    ``kv_transfer_params`` so the connector frees the prefill side's blocks (``abort_immediately``):
+    the engine core adds it and aborts it at once. It reaches no class counter and no log line."""
+    log = tmp_path / "requests.jsonl"
+    scheduler = _scheduler(tiny_model, "kv_consumer", monkeypatch, request_log_path=str(log))
+    clean_up = _request("clean-up", _from_prefill("clean-up"))
+    clean_up.abort_immediately = True
+    scheduler.add_request(clean_up)
+    scheduler.finish_requests(["clean-up"], clean_up.status.FINISHED_ABORTED)
+    assert "clean-up" not in scheduler.requests
+    _step(scheduler)
+    assert scheduler.meridian.stats()["num_added"] == 0 and not scheduler.finished_reports
+    scheduler.shutdown()
+    assert log.read_text() == ""
+

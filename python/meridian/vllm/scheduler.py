@@ -233,8 +233,10 @@ class MeridianScheduler(AsyncScheduler):
     # ---- vLLM interface -----------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
-        if request.request_id in self.requests:
-            # A streaming-input continuation of a session the core already tracks.
+        if request.request_id in self.requests or request.abort_immediately:
+            # A streaming-input continuation of a session the core already tracks, or vLLM's own
+            # clean-up request (added pre-aborted so a failed hand-off's connector frees the KV
+            # the other side holds): no client's request, in no count or log.
             super().add_request(request)
             return
         try:
