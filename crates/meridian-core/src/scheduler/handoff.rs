@@ -6,10 +6,9 @@
 //! arrives, holds the blocks it needs already. Invariant: with no hand-off every request's
 //! prompt costs what the step-time model says, exactly as before hand-offs existed.
 
-use super::{Hot, Meridian};
+use super::{Hot, Meridian, ReqHandle};
 use crate::error::{check_time_ms, Result};
 use crate::handoff::{HandoffCounters, KvHandoff};
-use crate::ReqHandle;
 
 impl Meridian {
     /// Sets a request's part in a prefill/decode hand-off (vLLM's `kv_transfer_params`:
