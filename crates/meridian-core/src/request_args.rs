@@ -8,10 +8,12 @@
 
 use serde_json::{Map, Value};
 
+use crate::config::Config;
 use crate::error::{shown, Error, Result};
 use crate::reasoning_effort::{ReasoningEffort, EFFORT_ARG};
 use crate::slo::ClassId;
-use crate::{Config, ThinkingControl, CLASS_ARG, THINKING_ARG, THINKING_BUDGET_ARG};
+use crate::slo::CLASS_ARG;
+use crate::thinking::{ThinkingControl, THINKING_ARG, THINKING_BUDGET_ARG};
 
 /// The request argument saying how long, in ms, the request's client has already waited for it
 /// elsewhere: a retry of a request another server shed (set by the client, or by
