@@ -363,10 +363,17 @@ def _disaggregated(args: argparse.Namespace) -> int:
     import json
 
     from meridian.demo.disaggregated import TINY_SERVER_ARGS, Disaggregated, serve_until_stopped
+    from meridian.vllm.config import config_from_additional
+    from meridian.vllm.names import CONFIG_KEY
 
-    meridian = json.loads(args.meridian)
+    # Checked here, before two servers start only to fail on it: the core's own check, naming the key.
+    try:
+        meridian = json.loads(args.meridian)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--meridian is not valid JSON: {exc}") from exc
     if not isinstance(meridian, dict):
         raise ValueError(f"--meridian: expected a JSON object, got {args.meridian!r}")
+    config_from_additional({CONFIG_KEY: meridian})
     serve_args = args.serve_args[1:] if args.serve_args[:1] == ["--"] else args.serve_args
     serve_args = serve_args or list(TINY_SERVER_ARGS)
     deployment = Disaggregated(

@@ -173,3 +173,16 @@ def test_bad_fleet_arguments_name_the_flag(tmp_path: Path, capsys: pytest.Captur
         main(["replay", "--trace", str(write_trace(tmp_path / "t.jsonl", n=3)), "--no-progress", *args])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("meridian", "message"),
+    [('{"policy": "bogus"}', "`policy`"), ("{bad", "--meridian is not valid JSON"), ("[1]", "expected a JSON object")],
+)
+def test_disaggregated_names_a_bad_meridian_block_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], meridian: str, message: str
+) -> None:
+    code = main(["disaggregated", "--log-dir", str(tmp_path / "logs"), "--meridian", meridian])
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "logs").exists(), "no server was started"
