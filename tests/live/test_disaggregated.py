@@ -31,6 +31,7 @@ from tiny_server import QUEUE_LATE
 
 from meridian._core import parse_shed_notice
 from meridian.demo.disaggregated import Disaggregated, request_log
+from meridian.demo.server import TINY_BLOCK_SIZE_TOKENS, tiny_server_args
 from meridian.vllm.names import CLASS_ARG, METRIC_NAMES
 
 pytestmark = pytest.mark.vllm
@@ -38,11 +39,9 @@ pytestmark = pytest.mark.vllm
 MODEL_NAME = "m"
 #: The random model's shape (``MODEL_SHAPES["compute"]``): 4 layers x (K, V) x 4 heads x 64 x 4 B.
 KV_BYTES_PER_TOKEN = 8192
-SERVER_ARGS = [
-    "--dtype", "float32", "--enforce-eager", "--max-model-len", "256", "--block-size", "32",
-    "--kv-cache-memory-bytes", str(64 * 32 * KV_BYTES_PER_TOKEN), "--max-num-seqs", "4",
-    "--reasoning-parser", "deepseek_r1",
-]
+#: No scheduler flag: ``Disaggregated`` adds Meridian's to both sides.
+SERVER_ARGS = tiny_server_args(max_model_len=256, kv_cache_tokens=64 * TINY_BLOCK_SIZE_TOKENS, max_num_seqs=4,
+                               kv_bytes_per_token=KV_BYTES_PER_TOKEN)
 #: A class other than the default (``interactive``): seen on both sides only if it crossed both.
 CLASS = "batch"
 #: Prompts of 12 words, one token each (the fixture's tokenizer is word-level): under one block.

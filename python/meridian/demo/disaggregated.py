@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any
 
 from meridian.demo.fleet import VllmRouter
-from meridian.demo.server import VllmServer, free_port, wait_healthy
+from meridian.demo.server import TINY_BLOCK_SIZE_TOKENS, VllmServer, free_port, tiny_server_args
 from meridian.vllm.names import CONFIG_KEY, MIDDLEWARE, SCHEDULER_CLS
 
 #: vLLM's connector for the hand-off (``--kv-transfer-config``'s ``kv_connector``).
@@ -142,12 +142,9 @@ class Disaggregated:
                 server = self.server(side)
                 self._stack.callback(server.stop)
                 self.servers[side] = server
-                server._launch()
+                server.launch()
             for side, server in self.servers.items():
-                assert server.process is not None
-                wait_healthy(
-                    server.base_url, server.process, self.start_timeout_s, f"{side} vllm serve", server.log_path
-                )
+                server.wait_healthy(f"{side} vllm serve")
             flags = ("--kv-connector", ROUTER_KV_CONNECTOR, *self.router_flags)
             router = VllmRouter(
                 [],
@@ -176,24 +173,11 @@ class Disaggregated:
         self.stop()
 
 
-#: ``vllm serve`` flags of the tiny reasoning fixture (``tests/fixtures/tiny-reasoner``): CPU
-#: build, float32, eager, 512-token contexts in 32-token blocks, a 64-block cache, DeepSeek-R1's
-#: reasoning markers. ``meridian disaggregated`` uses them when given no flags of its own.
-TINY_SERVER_ARGS = [
-    "--dtype",
-    "float32",
-    "--enforce-eager",
-    "--max-model-len",
-    "512",
-    "--block-size",
-    "32",
-    "--kv-cache-memory-bytes",
-    str(64 * 32 * 1024),
-    "--max-num-seqs",
-    "16",
-    "--reasoning-parser",
-    "deepseek_r1",
-]
+#: ``vllm serve`` flags of the tiny reasoning fixture (``tests/fixtures/tiny-reasoner``) that
+#: ``meridian disaggregated`` uses when given no flags of its own: the fixture's whole 512-token
+#: context, a 2,048-token (64-block) cache, up to 16 requests a batch, and no scheduler flag
+#: (``Disaggregated`` adds Meridian's to both sides).
+TINY_SERVER_ARGS = tiny_server_args(max_model_len=512, kv_cache_tokens=64 * TINY_BLOCK_SIZE_TOKENS, max_num_seqs=16)
 
 
 def serve_until_stopped(deployment: Disaggregated, *, poll_s: float = 1.0) -> int:

@@ -3,9 +3,15 @@ loopback for tests and demos, and talk to it with streaming clients.
 
 ``VllmServer`` is a context manager: it launches the server in its own process group with the
 offline environment, waits for ``/health``, and on exit stops the whole group (front end, engine
-core, worker). Its log goes to a file the caller can read. ``stream_chat`` sends one streaming
+core, worker); ``launch`` and ``wait_healthy`` split that start for callers that bring several
+servers up at once. Its log goes to a file the caller can read. ``stream_chat`` sends one streaming
 chat completion and returns what arrived (reasoning text, answer text, finish reason, per-chunk
 arrival times).
+
+``tiny_server_args`` is the one description of the ``vllm serve`` flags the tiny reasoning models
+run under (the demo's thinking part, ``meridian disaggregated``'s default, the live tests): what
+every use shares is fixed there, and what differs between uses (contexts, cache, batch, scheduler)
+is a named parameter each caller states.
 """
 
 from __future__ import annotations
@@ -21,6 +27,48 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
+
+from meridian.vllm.names import SCHEDULER_CLS
+
+#: Float32 K and V of the tiny fixture (``tests/fixtures/tiny-reasoner``, shape ``tiny``):
+#: 2 layers x (K, V) x 2 heads x 32 dims x 4 bytes = 1 KiB a token.
+TINY_KV_BYTES_PER_TOKEN = 1024
+#: The tiny models' KV block, in tokens; cache sizes below are counted in tokens of it.
+TINY_BLOCK_SIZE_TOKENS = 32
+
+
+def tiny_server_args(
+    *,
+    max_model_len: int,
+    kv_cache_tokens: int,
+    max_num_seqs: int,
+    scheduler: bool = False,
+    kv_bytes_per_token: int = TINY_KV_BYTES_PER_TOKEN,
+) -> list[str]:
+    """``vllm serve`` flags (after the model) for a tiny reasoning model on vLLM's CPU build.
+
+    Fixed for every use: float32, eager mode, ``TINY_BLOCK_SIZE_TOKENS``-token blocks and
+    DeepSeek-R1's reasoning parser (the fixtures think between ``<think>`` and ``</think>``).
+    Per use: ``max_model_len`` (the tiny fixture's positions allow 512), a KV cache of
+    ``kv_cache_tokens`` at ``kv_bytes_per_token`` (another shape, e.g. the random ``compute``
+    model, has another), ``max_num_seqs``, and with ``scheduler`` Meridian's scheduler (off
+    where the caller adds its own, or runs stock vLLM)."""
+    args = [
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        str(max_model_len),
+        "--block-size",
+        str(TINY_BLOCK_SIZE_TOKENS),
+        "--kv-cache-memory-bytes",
+        str(kv_cache_tokens * kv_bytes_per_token),
+        "--max-num-seqs",
+        str(max_num_seqs),
+        "--reasoning-parser",
+        "deepseek_r1",
+    ]
+    return args + ["--scheduler-cls", SCHEDULER_CLS] if scheduler else args
 
 
 def free_port() -> int:
@@ -107,28 +155,42 @@ class VllmServer:
 
     def start(self) -> VllmServer:
         """Starts the server; returns once ``/health`` answers, raises if the process dies first."""
-        process = self._launch()
+        self.launch()
         try:
-            wait_healthy(self.base_url, process, self.start_timeout_s, "vllm serve", self.log_path)
+            self.wait_healthy()
         except TimeoutError:
             self.stop()
             raise
         return self
 
-    def wait_for_exit(self, timeout_s: float) -> int:
-        """Runs the server expecting it to exit by itself (a start-up failure); returns its code."""
-        process = self._launch()
-        try:
-            return process.wait(timeout=timeout_s)
-        finally:
-            self.stop()
-
-    def _launch(self) -> subprocess.Popen[bytes]:
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Starts the server's process group and returns at once, not waiting for ``/health``:
+        for callers that start several servers side by side (``wait_healthy`` then waits for
+        each). ``stop`` ends it, whether or not it became healthy."""
+        if self.process is not None:
+            # A second group would be left running: ``stop`` only knows the latest.
+            raise RuntimeError(f"vllm serve on port {self.port} is already launched")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             self.command(), stdout=self._log, stderr=subprocess.STDOUT, env=self.environment(), start_new_session=True
         )
         return self.process
+
+    def wait_healthy(self, what: str = "vllm serve") -> None:
+        """Returns once the launched server's ``/health`` answers; raises ``RuntimeError`` if its
+        process exits first, ``TimeoutError`` after ``start_timeout_s`` (``what`` names it in
+        either). Leaves the server running on failure: stopping it is the caller's."""
+        if self.process is None:
+            raise RuntimeError(f"{what} was not launched")
+        wait_healthy(self.base_url, self.process, self.start_timeout_s, what, self.log_path)
+
+    def wait_for_exit(self, timeout_s: float) -> int:
+        """Runs the server expecting it to exit by itself (a start-up failure); returns its code."""
+        process = self.launch()
+        try:
+            return process.wait(timeout=timeout_s)
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         """Stops the server's whole process group, then closes its log."""

@@ -23,13 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from meridian.demo.server import VllmServer, stream_chat
+from meridian.demo.server import VllmServer, stream_chat, tiny_server_args
 from meridian.offline.tiny import LETTERS, task_prompt
 from meridian.vllm.names import (
     CLASS_ARG,
     CONFIG_KEY,
     LOGITS_PROCESSOR,
-    SCHEDULER_CLS,
     THINKING_ARG,
     THINKING_BUDGET_ARG,
     THINKING_STOP_FIELDS,
@@ -92,23 +91,9 @@ def server_config_json(extra: dict[str, Any] | None = None) -> str:
     return json.dumps({CONFIG_KEY: {**SERVER_CONFIG, **(extra or {})}})
 
 
-SERVER_ARGS = [
-    "--dtype",
-    "float32",
-    "--enforce-eager",
-    "--max-model-len",
-    "256",
-    "--block-size",
-    "32",
-    "--kv-cache-memory-bytes",
-    str(4 << 20),
-    "--max-num-seqs",
-    "8",
-    "--reasoning-parser",
-    "deepseek_r1",
-    "--scheduler-cls",
-    SCHEDULER_CLS,
-]
+#: The tiny fixture under Meridian's scheduler: 256-token contexts (a prompt and up to 200
+#: tokens), a 4,096-token cache and up to 8 requests a batch.
+SERVER_ARGS = tiny_server_args(max_model_len=256, kv_cache_tokens=4096, max_num_seqs=8, scheduler=True)
 #: (thinking N, answer M) of each prompt.
 PROMPTS = [(30, 5), (60, 5), (90, 5)]
 #: Modes shown (the two "off" modes are one row; the load-aware row runs its class twice, so the
