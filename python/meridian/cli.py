@@ -254,6 +254,26 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=3,
         help="the router's attempts in all per request on sheds (1: no retry; default 3)",
     )
+    replay.add_argument(
+        "--disaggregated",
+        metavar="P:D",
+        default=None,
+        help="a prefill pool of P and a decode pool of D engines (vLLM's NixlConnector, vllm-router's P/D "
+        "mode): every policy runs colocated on P+D engines and disaggregated; a policy PREFILL/DECODE "
+        "(e.g. vllm-fcfs/meridian) runs those on the two sides",
+    )
+    replay.add_argument(
+        "--transfer-gbps",
+        type=float,
+        default=None,
+        help="with --disaggregated: the hand-off link's bandwidth in GB/s (default: the profile's)",
+    )
+    replay.add_argument(
+        "--transfer-latency-ms",
+        type=float,
+        default=None,
+        help="with --disaggregated: a hand-off's fixed latency in ms (default: the profile's)",
+    )
     replay.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     replay.add_argument("--json", type=Path, default=None, help="write the metrics to this JSON file")
     replay.add_argument("--report-dir", type=Path, default=None, help="write PNG plots and replay.json here")
@@ -349,6 +369,9 @@ def _replay(args: argparse.Namespace) -> int:
         fleet=args.fleet,
         router=args.router,
         retry_attempts=args.retry_attempts,
+        disaggregated=args.disaggregated,
+        transfer_gbps=args.transfer_gbps,
+        transfer_latency_ms=args.transfer_latency_ms,
     )
 
 

@@ -29,10 +29,20 @@ streams whatever the scheduler, so stock and Meridian runs are measured by one d
 (docs/request-life.md §4). Invariant: the engine only calls the public scheduler interface, in vLLM's order; it
 never looks at a policy's decisions except through what vLLM itself would see (outputs,
 preemptions).
+
+An engine can also stand on one side of a prefill/decode hand-off: ``EngineSpec.kv_role`` gives
+its scheduler vLLM's ``NixlConnector`` as producer (the prefill instance: a request's blocks stay
+held after its one token until the decode side has read them) or consumer (the decode instance:
+vLLM parks a request in ``WAITING_FOR_REMOTE_KVS`` while its prompt's KV arrives), and
+``RemoteKvLink`` simulates what NIXL's worker would report (``finished_recving`` /
+``finished_sending``) at a transfer cost per token. A caller that owns both sides
+(``meridian.replay.disaggregated``) joins the links: a read on the decode side tells the producer
+when its blocks are free.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
 from array import array
 from collections import deque
@@ -90,6 +100,14 @@ class EngineSpec:
     num_host_blocks: int = 0
     #: What a load from the host tier costs the simulated link per token.
     host_load_ms_per_token: float = 0.0
+    #: This engine's side of a prefill/decode hand-off (vLLM's ``NixlConnector`` in that
+    #: ``kv_role``: ``kv_producer`` on a prefill instance, ``kv_consumer`` on a decode one);
+    #: ``None``: no hand-off.
+    kv_role: str | None = None
+
+
+#: The ``kv_role`` values of a hand-off's two sides.
+KV_ROLES = ("kv_producer", "kv_consumer")
 
 
 #: The (one-layer, one-head) KV layout offline engines give vLLM's KV cache manager.
@@ -118,6 +136,22 @@ def _host_tier_config(spec: EngineSpec) -> Any:
     )
 
 
+def _kv_transfer_config(spec: EngineSpec) -> Any:
+    """The connector ``spec`` asks for: the host tier, one side of a hand-off, or none."""
+    if spec.kv_role is not None and spec.kv_role not in KV_ROLES:
+        raise ValueError(f"kv_role {spec.kv_role!r}: expected one of {', '.join(KV_ROLES)}")
+    if spec.kv_role is not None and spec.num_host_blocks > 0:
+        raise ValueError("an engine takes the host KV tier or one side of a hand-off, not both (one connector)")
+    if spec.num_host_blocks > 0:
+        return _host_tier_config(spec)
+    if spec.kv_role is None:
+        return None
+    from vllm.config import KVTransferConfig
+
+    # vLLM's default load-failure policy ("fail"); the simulated link never fails a read.
+    return KVTransferConfig(kv_connector="NixlConnector", kv_role=cast(Any, spec.kv_role))
+
+
 def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) -> Any:
     """The ``VllmConfig`` an engine with ``spec`` runs under (``scheduler_cls`` recorded in it
     for ``EngineCore``, which builds its scheduler from the config)."""
@@ -144,7 +178,7 @@ def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) ->
         reasoning_config=reasoning_config,
         device_config=DeviceConfig(device="cpu"),
         additional_config=_without_metrics(spec.additional_config),
-        kv_transfer_config=_host_tier_config(spec) if spec.num_host_blocks > 0 else None,
+        kv_transfer_config=_kv_transfer_config(spec),
     )
     # vLLM's CPU platform turns async scheduling off ("not required on CPU"); the engine here
     # stands in for a GPU engine, whose batch queue of two is what it models.
@@ -298,6 +332,110 @@ class HostTierLink:
         return KVConnectorOutput(finished_recving=finished or None, kv_connector_worker_meta=meta)
 
 
+@dataclass(frozen=True)
+class TransferCost:
+    """What moving one request's KV from a prefill to a decode instance costs: a fixed latency
+    (the read's set-up and the completion notice) and a time per prompt token (KV bytes per token
+    over the link's bandwidth)."""
+
+    ms_per_token: float
+    latency_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.ms_per_token >= 0 and self.latency_ms >= 0):
+            raise ValueError(
+                f"transfer cost: ms_per_token={self.ms_per_token} and latency_ms={self.latency_ms} must be >= 0"
+            )
+
+    def read_ms(self, num_tokens: int) -> float:
+        return self.latency_ms + num_tokens * self.ms_per_token
+
+
+class RemoteKvLink:
+    """The worker side of vLLM's ``NixlConnector``, simulated for one instance of a hand-off.
+
+    Decode side (``kv_consumer``): a read starts when a step's connector metadata carries the
+    request (vLLM allocated its blocks and parked it in ``WAITING_FOR_REMOTE_KVS``); it runs beside
+    the forward passes, as NIXL's reads do, and completes ``cost.read_ms(tokens)`` later; the first
+    step output applied after that reports it in ``finished_recving``. Either way (a read, or the
+    notice-only entry vLLM sends when a request ends before reading) the producer's blocks are
+    released at that moment through ``on_read(remote_request_id, at_ms)``.
+
+    Prefill side (``kv_producer``): a finished request whose output carries ``kv_transfer_params``
+    holds its blocks (vLLM delays their free) until ``release`` gives the moment its reader is
+    done; the first step output applied after that reports it in ``finished_sending``.
+    Invariant: every read reported finished was started by the scheduler's own metadata, and every
+    send reported finished was held by a finished request of this engine.
+    """
+
+    def __init__(self, scheduler: Any, cost: TransferCost) -> None:
+        self.block_size = int(scheduler.block_size)
+        self.role = str(scheduler.vllm_config.kv_transfer_config.kv_role)
+        self.cost = cost
+        #: Decode side: told of each read's end (the dispatcher forwards it to the producer).
+        self.on_read: Callable[[str, float], None] | None = None
+        self._reads: list[tuple[float, str]] = []  # (done_ms, req_id), a heap
+        #: Prefill side: per request holding its blocks for a reader, when the reader is done
+        #: (``None``: not yet known).
+        self._held: dict[str, float | None] = {}
+        self.num_reads = 0
+        self.num_read_tokens = 0
+        self.read_ms_total = 0.0
+        self.num_sends = 0
+
+    def start_reads(self, output: Any, now_ms: float) -> None:
+        """Starts the reads a scheduled step's metadata asks for."""
+        meta = output.kv_connector_metadata
+        for req_id, req_meta in getattr(meta, "reqs_to_recv", {}).items():
+            num_tokens = len(req_meta.local_block_ids[0]) * self.block_size if req_meta.awaiting_kvs else 0
+            done_ms = now_ms + (self.cost.read_ms(num_tokens) if req_meta.awaiting_kvs else self.cost.latency_ms)
+            if req_meta.awaiting_kvs:
+                heapq.heappush(self._reads, (done_ms, req_id))
+                self.num_reads += 1
+                self.num_read_tokens += num_tokens
+                self.read_ms_total += done_ms - now_ms
+            if self.on_read is not None and req_meta.remote is not None:
+                self.on_read(req_meta.remote.request_id, done_ms)
+
+    def hold(self, req_id: str) -> None:
+        """A finished request's blocks wait for a reader (its output carried ``kv_transfer_params``)."""
+        self._held[req_id] = None
+
+    def release(self, req_id: str, at_ms: float) -> None:
+        """Its reader is done (or gone) at ``at_ms``; an unknown id is ignored (nothing held), and
+        a later moment than one already known changes nothing."""
+        if req_id in self._held:
+            known = self._held[req_id]
+            self._held[req_id] = at_ms if known is None else min(known, at_ms)
+
+    def has_due_events(self) -> bool:
+        """Whether something will complete on its own (a read, or a send whose reader is known):
+        an engine holding only blocks whose reader has not started has nothing to do."""
+        return self.next_due_ms() is not None
+
+    def next_due_ms(self) -> float | None:
+        """When the next read or known send completes (``None``: nothing will on its own)."""
+        times = [t for t in self._held.values() if t is not None]
+        if self._reads:
+            times.append(self._reads[0][0])
+        return min(times, default=None)
+
+    def connector_output(self, now_ms: float) -> Any:
+        """What the worker reports with a step's output applied at ``now_ms``."""
+        from vllm.v1.outputs import KVConnectorOutput
+
+        received: set[str] = set()
+        while self._reads and self._reads[0][0] <= now_ms:
+            received.add(heapq.heappop(self._reads)[1])
+        sent = {req_id for req_id, t in self._held.items() if t is not None and t <= now_ms}
+        for req_id in sent:
+            del self._held[req_id]
+        self.num_sends += len(sent)
+        if not (received or sent):
+            return None
+        return KVConnectorOutput(finished_recving=received or None, finished_sending=sent or None)
+
+
 class OutputScript(Protocol):
     """What the "model" generates for one request, token by output position."""
 
@@ -352,6 +490,9 @@ class OfflineRequest:
     #: Whether it tells the server that wait (the ``meridian_waited_ms`` argument, as
     #: ``MeridianFrontend`` makes of a router's ``x-meridian-waited-ms``).
     reports_wait: bool = False
+    #: vLLM's ``kv_transfer_params`` as a P/D router sends them (``{"do_remote_decode": True}`` to
+    #: a prefill instance; the prefill side's hand-back to a decode instance); ``None``: none.
+    kv_transfer_params: Mapping[str, Any] | None = None
 
 
 def scripted_request(
@@ -403,6 +544,9 @@ class Timeline:
     shed_by: str | None = None
     #: When it finished on the engine's clock (its arrival for a refused or rejected one).
     finished_ms: float | None = None
+    #: The ``kv_transfer_params`` its final output carried (a prefill instance's hand-back: what
+    #: a P/D router passes on to the decode instance).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 @dataclass
@@ -484,6 +628,7 @@ class OfflineEngine:
         host_load_ms_per_token: float = 0.0,
         after_step: Callable[[Mapping[int, Any], int], None] | None = None,
         arrival_gate: ArrivalGate | None = None,
+        transfer_cost: TransferCost | None = None,
     ) -> None:
         from meridian.vllm.convert import step_shape
 
@@ -517,8 +662,17 @@ class OfflineEngine:
         self.batch_queue: deque[tuple[Any, dict[str, list[int]], float]] = deque()
         self._live: dict[str, tuple[OfflineRequest, Timeline, int]] = {}
         self.result = EngineRun()
-        #: The host tier's simulated link, when the scheduler has a connector.
-        self.tier_link = HostTierLink(scheduler, host_load_ms_per_token) if scheduler.connector is not None else None
+        #: The simulated worker side of the scheduler's connector: the host tier's link, or one
+        #: side of a prefill/decode hand-off (``transfer_cost`` prices its reads).
+        self.tier_link: HostTierLink | None = None
+        self.kv_link: RemoteKvLink | None = None
+        kv_transfer = scheduler.vllm_config.kv_transfer_config
+        if kv_transfer is not None and kv_transfer.kv_role in KV_ROLES:
+            self.kv_link = RemoteKvLink(scheduler, transfer_cost or TransferCost(0.0))
+        elif scheduler.connector is not None:
+            self.tier_link = HostTierLink(scheduler, host_load_ms_per_token)
+        #: Requests finished since the last ``drain_finished`` (a dispatcher's cheap poll).
+        self._just_finished: list[str] = []
         #: Passes of the busy loop so far (one ``step_with_batch_queue`` call each, plus idle
         #: jumps); arrivals are added at the top of a pass, as ``EngineCore`` does between steps.
         self.num_loop_passes = 0
@@ -585,8 +739,23 @@ class OfflineEngine:
             self._started = True
             self.result.max_num_free_blocks = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
+    def drain_finished(self) -> list[str]:
+        """The requests that finished (rejected and refused ones included) since the last call."""
+        finished, self._just_finished = self._just_finished, []
+        return finished
+
     def _has_work(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_requests() or bool(self.batch_queue)
+        return bool(self._pending) or self._scheduler_has_work() or bool(self.batch_queue)
+
+    def _scheduler_has_work(self) -> bool:
+        scheduler = self.scheduler
+        if not scheduler.has_requests():
+            return False
+        if self.kv_link is None or scheduler.has_unfinished_requests() or scheduler.finished_req_ids:
+            return True
+        # Only blocks held for readers remain: vLLM's loop would spin, but nothing changes here
+        # until a reader is known (the dispatcher releases them), so the engine rests.
+        return self.kv_link.has_due_events()
 
     def _add_arrived(self) -> None:
         pending = self._pending
@@ -598,30 +767,53 @@ class OfflineEngine:
         arrival)."""
         self.num_loop_passes += 1
         self._add_arrived()
-        if not self.scheduler.has_requests() and not self.batch_queue:
+        if not self._scheduler_has_work() and not self.batch_queue:
             if self._pending:
                 self.now_ms = max(self.now_ms, self._pending[0].arrival_ms)
             return
+        self._skip_to_transfer()
         self._step()
+
+    def _skip_to_transfer(self) -> None:
+        """An engine whose only work is a transfer completing later (blocks held for a reader,
+        a read in flight, nothing to compute) jumps to it, or to the next arrival if sooner: no
+        step in between would schedule anything."""
+        scheduler = self.scheduler
+        if self.kv_link is None or scheduler.finished_req_ids:
+            return
+        if any(queued.total_num_scheduled_tokens for queued, _, _ in self.batch_queue):
+            return
+        if any(
+            not r.is_finished() and r.status != r.status.WAITING_FOR_REMOTE_KVS for r in scheduler.requests.values()
+        ):
+            return
+        due_ms = self.kv_link.next_due_ms()
+        if due_ms is None:
+            return
+        if self._pending:
+            due_ms = min(due_ms, self._pending[0].arrival_ms)
+        self.now_ms = max(self.now_ms, due_ms)
 
     def _step(self) -> None:
         """``EngineCore.step_with_batch_queue``: schedule ahead while the device is busy; apply the
         oldest batch once the queue is full or nothing more can be scheduled."""
-        if self.scheduler.has_requests():
+        if self._scheduler_has_work():
             output = self._schedule()
+            if self.kv_link is not None:
+                self.kv_link.start_reads(output, self.now_ms)
             executed = output.total_num_scheduled_tokens > 0 or (
                 self.tier_link is not None and self.tier_link.has_jobs(output)
             )
             finish_ms = self._execute(output) if executed else self.now_ms
             self.batch_queue.appendleft((output, self._model(output), finish_ms))
-            if len(self.batch_queue) < self.batch_queue_size and (executed or self.scheduler.has_requests()):
+            if len(self.batch_queue) < self.batch_queue_size and (executed or self._scheduler_has_work()):
                 return
         if self.batch_queue:
             output, sampled, finish_ms = self.batch_queue.pop()
             self.now_ms = max(self.now_ms, finish_ms)
             self._apply(output, sampled)
             device_idle = all(queued.total_num_scheduled_tokens == 0 for queued, _, _ in self.batch_queue)
-            if output.total_num_scheduled_tokens == 0 and device_idle and self.scheduler.has_requests():
+            if output.total_num_scheduled_tokens == 0 and device_idle and self._scheduler_has_work():
                 # Requests wait (e.g. paced answers) with the device idle: the real engine would
                 # spin on the wall clock; the virtual one moves on a tick.
                 self.now_ms = max(self.now_ms, self.device_free_ms) + IDLE_TICK_MS
@@ -669,6 +861,8 @@ class OfflineEngine:
         if self.tier_link is not None:
             model_output.kv_connector_output = self.tier_link.connector_output(output)
             self._count_loads(output)
+        if self.kv_link is not None:
+            model_output.kv_connector_output = self.kv_link.connector_output(self.now_ms)
         engine_outputs = self.scheduler.update_from_output(output, model_output)
         self._count_prefix_cache(engine_outputs.values())
         handles: list[int] = []
@@ -690,6 +884,10 @@ class OfflineEngine:
                     flat.extend(out.new_token_ids)
                 if out.finish_reason is not None:
                     finished.append((out.request_id, str(out.finish_reason), out.stop_reason))
+                    if out.kv_transfer_params is not None:
+                        entry[1].kv_transfer_params = dict(out.kv_transfer_params)
+                        if self.kv_link is not None:
+                            self.kv_link.hold(out.request_id)
         if handles:
             self.observer.on_tokens_batch(self.now_ms, handles, counts, flat)
         for req_id, reason, stop_reason in finished:
@@ -753,6 +951,7 @@ class OfflineEngine:
             timeline.finish_reason = "rejected"
             timeline.finished_ms = offline.arrival_ms
             self.result.num_rejected += 1
+            self._just_finished.append(offline.req_id)
             self.progress(1)
             return
         refusal = self.arrival_gate(self, offline) if self.arrival_gate is not None else None
@@ -765,12 +964,16 @@ class OfflineEngine:
             timeline.finished_ms = offline.arrival_ms
             timeline.shed_by = str(refusal)
             self.result.num_refused += 1
+            self._just_finished.append(offline.req_id)
             self.progress(1)
             return
         init_none_hash(sha256)
         extra: dict[str, Any] = {CLASS_ARG: offline.slo_class} if offline.slo_class is not None else {}
         if offline.reports_wait and offline.waited_ms > 0:
             extra[WAITED_ARG] = offline.waited_ms
+        if offline.kv_transfer_params is not None:
+            # vLLM's connector marks the dict as it goes (``do_remote_prefill`` turns off): a copy.
+            extra["kv_transfer_params"] = dict(offline.kv_transfer_params)
         params = SamplingParams(max_tokens=offline.max_tokens, temperature=0.0, extra_args=extra or None)
         params.update_from_generation_config({}, EOS)
         request = Request(
@@ -809,6 +1012,7 @@ class OfflineEngine:
         timeline.stop_reason = stop_reason
         timeline.finished_ms = self.now_ms
         timeline.report = self.observer.finish(self.now_ms, handle, reason, [])
+        self._just_finished.append(req_id)
         self.progress(1)
 
 

@@ -38,6 +38,7 @@ from meridian.offline.engine import (
     EngineSpec,
     OfflineEngine,
     OfflineRequest,
+    TransferCost,
     build_scheduler,
 )
 from meridian.offline.tiny import EOS
@@ -242,9 +243,10 @@ def engine_spec(
     meridian_config: dict[str, Any],
     model_dir: Path,
     host_tier: HostTier | None = None,
+    kv_role: str | None = None,
 ) -> EngineSpec:
     """The vLLM engine a policy is replayed on: the profile's KV capacity and batch limits, and
-    the host tier if one is modelled."""
+    the host tier if one is modelled, or its side of a prefill/decode hand-off (``kv_role``)."""
     return EngineSpec(
         model_dir=model_dir,
         num_blocks=profile.num_kv_blocks,
@@ -256,6 +258,7 @@ def engine_spec(
         additional_config=additional_config(spec, meridian_config, profile),
         num_host_blocks=host_tier.num_blocks if host_tier is not None else 0,
         host_load_ms_per_token=host_tier.load_ms_per_token if host_tier is not None else 0.0,
+        kv_role=kv_role,
     )
 
 
@@ -529,17 +532,21 @@ def replay_engine(
     batch_queue_size: int | None = None,
     host_tier: HostTier | None = None,
     arrival_gate: ArrivalGate | None = None,
+    kv_role: str | None = None,
+    transfer_cost: TransferCost | None = None,
 ) -> OfflineEngine:
     """The engine that replays ``requests`` under one policy on ``profile``, ready to run.
     ``scheduler_cls`` replaces the policy's scheduler class (a subclass of it, say), and
     ``engine_cls`` the engine loop's class. ``arrival_gate`` is asked for each arriving request
-    (after the policy's own valve, if it has one) whether to refuse it."""
+    (after the policy's own valve, if it has one) whether to refuse it. ``kv_role`` puts the
+    engine on one side of a prefill/decode hand-off whose reads cost ``transfer_cost``."""
     cap = queue_cap_for(spec, requests, profile, meridian_config)
     gate = chain_gates(
         LoadValve(cap) if cap is not None else None, MeridianAdmission.of(spec, meridian_config), arrival_gate
     )
     scheduler = build_scheduler(
-        scheduler_cls or scheduler_class(spec), engine_spec(spec, profile, meridian_config, model_dir, host_tier)
+        scheduler_cls or scheduler_class(spec),
+        engine_spec(spec, profile, meridian_config, model_dir, host_tier, kv_role),
     )
     return engine_cls(
         scheduler,
@@ -551,6 +558,7 @@ def replay_engine(
         progress=progress,
         host_load_ms_per_token=host_tier.load_ms_per_token if host_tier is not None else 0.0,
         arrival_gate=gate,
+        transfer_cost=transfer_cost,
     )
 
 

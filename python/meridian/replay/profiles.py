@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meridian.errors import InvalidArgumentError, ProfileError
+from meridian.offline.engine import TransferCost
 
 if TYPE_CHECKING:
     import numpy as np
@@ -198,9 +199,12 @@ CAPACITY_KEYS: dict[str, _Spec] = {
     "max_num_batched_tokens": _POS_INT,
     "max_model_len": _POS_INT,
 }
-#: The host KV tier's link (optional: a profile without it cannot model the tier).
+#: The host KV tier's link, and the link a prefill/decode hand-off reads over (optional: a
+#: profile without one cannot model the tier, or prices hand-offs only from the replay's flags).
 TIER_KEYS: dict[str, _Spec] = {
     "host_link_bytes_per_s": _Spec("number", low=0, required=False),
+    "pd_link_bytes_per_s": _Spec("number", low=0, required=False),
+    "pd_link_latency_ms": _Spec("number", low=0, required=False),
 }
 META_KEYS: dict[str, _Spec] = {
     "name": _Spec("str"),
@@ -313,6 +317,8 @@ class Profile:
     derivation: dict[str, str] = field(default_factory=dict)  # field name -> how it was computed
     validation: list[Any] = field(default_factory=list)  # predicted vs published comparisons
     host_link_bytes_per_s: float | None = None  # achieved device <-> host copy bandwidth, one direction
+    pd_link_bytes_per_s: float | None = None  # achieved read bandwidth between two instances' KV caches
+    pd_link_latency_ms: float | None = None  # a hand-off's fixed cost: the read's set-up and its notice
 
     @property
     def model(self) -> str:
@@ -337,6 +343,19 @@ class Profile:
                 "profile's 'kv_bytes_per_token'"
             )
         return float(kv_bytes) / self.host_link_bytes_per_s * 1e3
+
+    def transfer_cost(self, link_bytes_per_s: float | None = None, latency_ms: float | None = None) -> TransferCost:
+        """What a prefill/decode hand-off costs: KV bytes per token over the link, and its fixed
+        latency; each from the profile unless given. ``ProfileError`` when neither says."""
+        kv_bytes = getattr(self.cost, "kv_bytes_per_token", None)
+        bandwidth = link_bytes_per_s if link_bytes_per_s is not None else self.pd_link_bytes_per_s
+        latency = latency_ms if latency_ms is not None else self.pd_link_latency_ms
+        if bandwidth is None or kv_bytes is None or bandwidth <= 0:
+            raise ProfileError(
+                f"profile {self.name}: a hand-off's cost needs a link bandwidth ('pd_link_bytes_per_s' or the "
+                "replay's --transfer-gbps, > 0) and a roofline profile's 'kv_bytes_per_token'"
+            )
+        return TransferCost(ms_per_token=float(kv_bytes) / bandwidth * 1e3, latency_ms=latency or 0.0)
 
     @classmethod
     def load(cls, name_or_path: str | Path) -> Profile:
@@ -374,6 +393,8 @@ class Profile:
             derivation=dict(data.get("derivation", {})),
             validation=list(data.get("validation", [])),
             host_link_bytes_per_s=data.get("host_link_bytes_per_s"),
+            pd_link_bytes_per_s=data.get("pd_link_bytes_per_s"),
+            pd_link_latency_ms=data.get("pd_link_latency_ms"),
             **{key: data[key] for key in CAPACITY_KEYS},
         )
 
@@ -382,8 +403,9 @@ class Profile:
         data: dict[str, Any] = {"name": self.name, "description": self.description, "model": self.model}
         data.update({key: getattr(self, key) for key in CAPACITY_KEYS})
         data.update({key: getattr(self.cost, key) for key in COST_KEYS[self.model]})
-        if self.host_link_bytes_per_s is not None:
-            data["host_link_bytes_per_s"] = self.host_link_bytes_per_s
+        for key in TIER_KEYS:
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
         data["sources"] = dict(self.sources)
         if self.derivation:
             data["derivation"] = dict(self.derivation)

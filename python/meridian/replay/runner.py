@@ -24,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from meridian._core import Config
-from meridian.offline.engine import offline_environment
+from meridian.offline.engine import TransferCost, offline_environment
 from meridian.replay import reasoning, traces
+from meridian.replay.disaggregated import Split, pd_summary, pd_table, replay_disaggregated, split_policy
 from meridian.replay.policies import (
     POLICIES,
     TUNED_VALVE,
@@ -101,6 +102,13 @@ class ReplayOptions:
     #: The fleet's router model (``fleet.ROUTERS``) and its attempts in all per request.
     router: str = "round_robin"
     retry_attempts: int = 3
+    #: A prefill/decode split ``"P:D"`` (``meridian.replay.disaggregated``): every policy then
+    #: runs colocated on P + D engines and disaggregated on P prefill and D decode engines, both
+    #: behind ``router``; ``None``: no split.
+    disaggregated: str | None = None
+    #: The hand-off link's bandwidth (GB/s) and fixed latency (ms); ``None``: the profile's.
+    transfer_gbps: float | None = None
+    transfer_latency_ms: float | None = None
 
     def with_cache_dir(self, cache_dir: Path) -> ReplayOptions:
         return dataclasses.replace(self, cache_dir=cache_dir)
@@ -210,15 +218,18 @@ def _run_one(
     host_tier: HostTier | None,
     tick: Callable[[int], None],
     fleet: tuple[int, str, int] = (1, "round_robin", 3),
+    disaggregated: tuple[Split, TransferCost] | None = None,
 ) -> PolicyRun:
     scaled = traces.scale_rate(requests, rate_scale)
     config = Config.from_json(json.dumps(meridian_config))
-    spec = policy_spec(policy)
     offline = offline_requests(scaled, profile, config)
     engine_options: dict[str, Any] = dict(
         meridian_config=meridian_config, model_dir=model_dir_for(profile, cache_dir), progress=tick, host_tier=host_tier
     )
     num_engines, router, attempts = fleet
+    if disaggregated is not None:
+        return _run_disaggregated(policy, rate_scale, offline, profile, engine_options, disaggregated, fleet)
+    spec = policy_spec(policy)
     if num_engines <= 1:
         return policy_run(replay_policy(spec, offline, profile, **engine_options), rate_scale)
     from meridian.replay.fleet import Retries, Router, replay_fleet
@@ -232,14 +243,65 @@ def _run_one(
     return result
 
 
+def _run_disaggregated(
+    policy: str,
+    rate_scale: float,
+    offline: list[Any],
+    profile: Profile,
+    engine_options: dict[str, Any],
+    disaggregated: tuple[Split, TransferCost],
+    fleet: tuple[int, str, int],
+) -> PolicyRun:
+    """``policy`` (``A`` or ``A/B``: prefill A, decode B) on a prefill and a decode pool."""
+    from meridian.replay.fleet import Retries, Router
+
+    split, cost = disaggregated
+    _num_engines, router, attempts = fleet
+    prefill_spec, decode_spec = (policy_spec(name) for name in split_policy(policy))
+    prefill = [
+        replay_engine(prefill_spec, [], profile, kv_role="kv_producer", transfer_cost=cost, **engine_options)
+        for _ in range(split.num_prefill)
+    ]
+    decode = [
+        replay_engine(decode_spec, [], profile, kv_role="kv_consumer", transfer_cost=cost, **engine_options)
+        for _ in range(split.num_decode)
+    ]
+    run = replay_disaggregated(
+        prefill,
+        decode,
+        offline,
+        Router(router, split.num_prefill, seed=0),
+        Router(router, split.num_decode, seed=1),
+        Retries(attempts=attempts),
+    )
+    label = pd_label(policy, split)
+    summary = pd_summary(run, label)
+    summary.update(rate_scale=rate_scale, router=router, fleet=split.num_engines)
+    reports = [t.report for t in run.outcomes.values() if t.report is not None and t.report.reason == "stopped"]
+    return PolicyRun(
+        policy=label,
+        rate_scale=rate_scale,
+        summary=summary,
+        ttfat_ms=[r.ttfat_ms for r in reports if r.ttfat_ms is not None],
+        answer_tpot_ms=[r.answer_tpot_ms for r in reports if r.answer_tpot_ms is not None],
+    )
+
+
+def pd_label(policy: str, split: Split) -> str:
+    """A disaggregated run's row: the policy (or prefill/decode pair) and the split."""
+    return f"{policy} P/D {split}"
+
+
 # Worker state, set in the parent before forking (so workers inherit it without pickling).
 _WORK: dict[str, Any] = {}
 
 
-def _worker(job: tuple[str, float]) -> PolicyRun:
+def _worker(job: tuple[str, float, bool]) -> PolicyRun:
     queue = _WORK["queue"]
+    policy, scale, disaggregated = job
     return _run_one(
-        *job,
+        policy,
+        scale,
         _WORK["requests"],
         _WORK["profile"],
         _WORK["config"],
@@ -247,21 +309,31 @@ def _worker(job: tuple[str, float]) -> PolicyRun:
         _WORK["host_tier"],
         queue.put,
         _WORK["fleet"],
+        _WORK["disaggregated"] if disaggregated else None,
     )
 
 
 def run_replay(options: ReplayOptions) -> ReplayReport:
     """Replays every policy at every rate scale; see the module docs."""
     offline_environment(options.cache_dir)
-    for name in options.policies:
-        check_policy_name(name)  # fail on a typo before any work
     profile = Profile.load(options.profile)
+    disaggregated = check_disaggregated(options, profile)  # and every policy name, before any work
     host_tier = HostTier.of(profile, options.host_tier_gib)  # fails on a profile without a host link
+    if host_tier is not None and disaggregated is not None:
+        raise ValueError("--host-tier-gib and --disaggregated: an engine takes one KV connector, not both")
     requests, workload = build_workload(options)
     check_classes(requests, options.meridian_config)
     fleet = check_fleet(options)
-    if options.fleet > 1:
-        workload["fleet"] = {"engines": options.fleet, "router": options.router, "attempts": options.retry_attempts}
+    if disaggregated is not None:
+        split, cost = disaggregated
+        fleet = (split.num_engines, options.router, options.retry_attempts)
+        workload["disaggregated"] = {
+            "split": str(split),
+            "transfer_ms_per_token": cost.ms_per_token,
+            "transfer_latency_ms": cost.latency_ms,
+        }
+    if fleet[0] > 1:
+        workload["fleet"] = {"engines": fleet[0], "router": options.router, "attempts": options.retry_attempts}
     workload["rate_scales"] = list(options.rate_scales)
     workload["host_tier"] = (
         None
@@ -272,21 +344,38 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
             "load_ms_per_token": host_tier.load_ms_per_token,
         }
     )
-    plain = [(policy, scale) for scale in options.rate_scales for policy in options.policies if policy != TUNED_VALVE]
+    plain = [
+        (policy, scale, pd)
+        for scale in options.rate_scales
+        for policy in options.policies
+        if policy != TUNED_VALVE
+        for pd in _layouts(policy, disaggregated is not None)
+    ]
     grid = tuned_valve_caps(requests, profile, options.meridian_config) if TUNED_VALVE in options.policies else []
     valve = POLICIES[TUNED_VALVE_BASE]
-    bar = _progress_bar(len(requests) * (len(plain) + len(grid) * len(options.rate_scales)), options.progress)
+    # A disaggregated run ticks twice per request: once on each side.
+    ticks = sum(2 if pd else 1 for _, _, pd in plain) + len(grid) * len(options.rate_scales)
+    bar = _progress_bar(len(requests) * ticks, options.progress)
 
-    def execute(jobs: list[tuple[str, float]]) -> list[PolicyRun]:
+    def execute(jobs: list[tuple[str, float, bool]]) -> list[PolicyRun]:
         num_workers = min(len(jobs), options.jobs or (os.cpu_count() or 1))
         if num_workers <= 1:
             return [
                 _run_one(
-                    p, s, requests, profile, options.meridian_config, options.cache_dir, host_tier, bar.update, fleet
+                    p,
+                    s,
+                    requests,
+                    profile,
+                    options.meridian_config,
+                    options.cache_dir,
+                    host_tier,
+                    bar.update,
+                    fleet,
+                    disaggregated if pd else None,
                 )
-                for p, s in jobs
+                for p, s, pd in jobs
             ]
-        return _run_parallel(jobs, requests, profile, host_tier, options, num_workers, bar.update)
+        return _run_parallel(jobs, requests, profile, host_tier, options, num_workers, bar.update, fleet, disaggregated)
 
     try:
         runs = execute(plain)
@@ -294,8 +383,10 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
         tuned: dict[float, dict[int, PolicyRun]] = {scale: {} for scale in options.rate_scales}
         caps_of = {scale: list(grid) for scale in options.rate_scales}
         for _round in range(2 if grid else 0):
-            jobs = [(with_queue_cap(valve, c).name, scale) for scale, caps in caps_of.items() for c in caps]
-            for (_name, scale), run, cap in zip(jobs, execute(jobs), [c for caps in caps_of.values() for c in caps]):
+            jobs = [(with_queue_cap(valve, c).name, scale, False) for scale, caps in caps_of.items() for c in caps]
+            for (_name, scale, _pd), run, cap in zip(
+                jobs, execute(jobs), [c for caps in caps_of.values() for c in caps]
+            ):
                 tuned[scale][cap] = run
             caps_of = {
                 scale: refined_queue_caps({c: int(r.summary["good"]) for c, r in tuned[scale].items()})
@@ -304,6 +395,47 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     finally:
         bar.close()
     return ReplayReport(workload=workload, profile=profile, runs=_in_order(runs, tuned, options))
+
+
+def _layouts(policy: str, disaggregated: bool) -> list[bool]:
+    """Whether ``policy`` runs disaggregated, colocated or both: with a split, a policy runs both
+    ways (the comparison at equal engine count) and a prefill/decode pair only disaggregated."""
+    if not disaggregated:
+        return [False]
+    return [True] if "/" in policy else [False, True]
+
+
+def check_disaggregated(options: ReplayOptions, profile: Profile) -> tuple[Split, TransferCost] | None:
+    """Every policy name, and the split with its transfer cost when ``--disaggregated`` is given;
+    a ``ValueError`` naming the bad flag or policy."""
+    if options.disaggregated is None:
+        for name in options.policies:
+            if "/" in name:
+                raise ValueError(f"policy {name!r}: a prefill/decode pair needs --disaggregated P:D")
+            check_policy_name(name)
+        if options.transfer_gbps is not None or options.transfer_latency_ms is not None:
+            raise ValueError("--transfer-gbps and --transfer-latency-ms price a hand-off: they need --disaggregated")
+        return None
+    split = Split.parse(options.disaggregated)
+    for name in options.policies:
+        if name == TUNED_VALVE:
+            raise ValueError(
+                f"{TUNED_VALVE!r} searches one engine's valve cap; with --disaggregated give a valve policy at an "
+                "explicit cap (e.g. vllm-fcfs+cap=96), which both sides then take"
+            )
+        for half in split_policy(name):
+            check_policy_name(half)
+    if options.fleet not in (1, split.num_engines):
+        raise ValueError(
+            f"--fleet {options.fleet} with --disaggregated {split}: the colocated comparison runs on "
+            f"{split.num_engines} engines (leave --fleet out)"
+        )
+    if options.transfer_gbps is not None and not options.transfer_gbps > 0:
+        raise ValueError(f"--transfer-gbps {options.transfer_gbps}: the link's bandwidth must be > 0 GB/s")
+    if options.transfer_latency_ms is not None and not options.transfer_latency_ms >= 0:
+        raise ValueError(f"--transfer-latency-ms {options.transfer_latency_ms}: must be >= 0")
+    gbps = options.transfer_gbps
+    return split, profile.transfer_cost(gbps * 1e9 if gbps is not None else None, options.transfer_latency_ms)
 
 
 def check_fleet(options: ReplayOptions) -> tuple[int, str, int]:
@@ -335,10 +467,13 @@ def _in_order(
     """The runs in ``options.policies`` order per load, the tuned valve's runs folded into one
     per load: the cap that met every target for the most requests (``best_queue_cap``)."""
     out: list[PolicyRun] = []
+    split = options.disaggregated and Split.parse(options.disaggregated)
     for scale in options.rate_scales:
         for policy in options.policies:
             if policy != TUNED_VALVE:
                 out += [r for r in runs if r.rate_scale == scale and r.policy == policy][:1]
+                if split:
+                    out += [r for r in runs if r.rate_scale == scale and r.policy == pd_label(policy, split)][:1]
                 continue
             caps = tuned[scale]
             best = caps[best_queue_cap({cap: int(r.summary["good"]) for cap, r in caps.items()})]
@@ -352,13 +487,15 @@ def _in_order(
 
 
 def _run_parallel(
-    jobs: list[tuple[str, float]],
+    jobs: list[tuple[str, float, bool]],
     requests: list[traces.TraceRequest],
     profile: Profile,
     host_tier: HostTier | None,
     options: ReplayOptions,
     num_workers: int,
     tick: Callable[[int], None],
+    fleet: tuple[int, str, int],
+    disaggregated: tuple[Split, TransferCost] | None,
 ) -> list[PolicyRun]:
     import vllm  # noqa: F401 - imported once here (~20 s) so forked workers inherit it
 
@@ -371,7 +508,8 @@ def _run_parallel(
         cache_dir=options.cache_dir,
         host_tier=host_tier,
         queue=queue,
-        fleet=check_fleet(options),
+        fleet=fleet,
+        disaggregated=disaggregated,
     )
     done = threading.Event()
 
@@ -443,8 +581,16 @@ def render(report: ReplayReport) -> str:
             f"host KV tier: {tier['gib']:g} GiB ({tier['num_blocks']} blocks), loads at "
             f"{tier['load_ms_per_token'] * 1000:.2f} µs per token"
         )
+    pd = report.workload.get("disaggregated")
+    if pd is not None:
+        lines.append(
+            f"disaggregated P/D {pd['split']} beside colocated ×{report.workload['fleet']['engines']}: hand-off "
+            f"{pd['transfer_ms_per_token'] * 1000:.2f} µs per token + {pd['transfer_latency_ms']:g} ms"
+        )
     for scale in report.rate_scales:
         lines += ["", f"rate scale ×{scale:g}", table([r.summary for r in report.at(scale)])]
+        if pd is not None:
+            lines.append(pd_table([r.summary for r in report.at(scale)]))
     return "\n".join(lines)
 
 
@@ -472,6 +618,9 @@ def replay_command(
     fleet: int = 1,
     router: str = "round_robin",
     retry_attempts: int = 3,
+    disaggregated: str | None = None,
+    transfer_gbps: float | None = None,
+    transfer_latency_ms: float | None = None,
 ) -> int:
     """``meridian replay``: runs the replay its flags describe, prints the table, writes outputs.
     Without a trace: the bundled excerpt at the demo's window and load (the whole excerpt at its
@@ -499,6 +648,9 @@ def replay_command(
         fleet=fleet,
         router=router,
         retry_attempts=retry_attempts,
+        disaggregated=disaggregated,
+        transfer_gbps=transfer_gbps,
+        transfer_latency_ms=transfer_latency_ms,
     )
     report = run_replay(options)
     print(render(report))
