@@ -7,7 +7,8 @@ profile, Mooncake on the H200 / Qwen3-8B profile, ServeGen DeepSeek-R1 reasoning
 four engines behind the router (round robin):
 
 1. the load where colocated stock FCFS on four engines meets every target for about half of its
-   requests: three probes around four times the one-engine half load, the closest taken;
+   requests: probes from six times the one-engine half load upward until one falls below half,
+   one between the bracket's ends, the closest taken;
 2. there, side by side on the same request list: colocated ×4 (stock FCFS, Meridian), P/D 1:3 with
    each side stock or Meridian (four pairs), P/D 2:2 (stock, Meridian), and P/D 1:3 on a slower
    link (``--transfer-gbps`` ``SLOW_LINK_GBPS``: 100 Gb/s Ethernet at 0.8) (stock, Meridian).
@@ -36,15 +37,34 @@ from meridian.replay.runner import run_replay  # noqa: E402
 NUM_ENGINES = 4
 #: 100 Gb/s Ethernet (RoCE) at 0.8 of line rate, in GB/s: a slow hand-off link.
 SLOW_LINK_GBPS = 10.0
-PROBES = (3.2, 4.0, 4.8)  # × the one-engine half load
+#: First probes (× the one-engine half load), two at a time, growing by ``PROBE_STEP`` until one
+#: falls below half; then one probe between the bracket's ends. Four engines behind a router
+#: pool their seats: at four times one engine's half load they still meet ~80 %.
+FIRST_PROBES = (6.0, 9.0)
+PROBE_STEP = 2.25
+MAX_PROBE_ROUNDS = 4
+
+
+def _attainment(options, scales: tuple[float, ...]) -> list[dict[str, float]]:
+    report = run_replay(replace(options, policies=("vllm-fcfs",), rate_scales=scales, fleet=NUM_ENGINES))
+    return [{"rate_scale": r.rate_scale, "attainment": r.summary["attainment"]} for r in report.runs]
 
 
 def half_load(options, name: str) -> tuple[float, list[dict[str, float]]]:
-    scales = tuple(HALF_LOAD[name] * k for k in PROBES)
-    report = run_replay(replace(options, policies=("vllm-fcfs",), rate_scales=scales, fleet=NUM_ENGINES))
-    probes = [{"rate_scale": r.rate_scale, "attainment": r.summary["attainment"]} for r in report.runs]
+    """The probed rate scale where colocated FCFS on four engines meets about half its requests."""
+    multiples = FIRST_PROBES
+    probes: list[dict[str, float]] = []
+    for _ in range(MAX_PROBE_ROUNDS):
+        probes += _attainment(options, tuple(HALF_LOAD[name] * k for k in multiples))
+        if min(p["attainment"] for p in probes) < 0.5:
+            break
+        multiples = tuple(k * PROBE_STEP for k in multiples)
+    below = min((p for p in probes if p["attainment"] < 0.5), key=lambda p: p["rate_scale"], default=None)
+    above = max((p for p in probes if p["attainment"] >= 0.5), key=lambda p: p["rate_scale"], default=None)
+    if below is not None and above is not None:
+        probes += _attainment(options, ((below["rate_scale"] * above["rate_scale"]) ** 0.5,))
     best = min(probes, key=lambda p: abs(p["attainment"] - 0.5))
-    return best["rate_scale"], probes
+    return best["rate_scale"], sorted(probes, key=lambda p: p["rate_scale"])
 
 
 def main() -> int:

@@ -370,7 +370,6 @@ class RemoteKvLink:
 
     def __init__(self, scheduler: Any, cost: TransferCost) -> None:
         self.block_size = int(scheduler.block_size)
-        self.role = str(scheduler.vllm_config.kv_transfer_config.kv_role)
         self.cost = cost
         #: Decode side: told of each read's end (the dispatcher forwards it to the producer).
         self.on_read: Callable[[str, float], None] | None = None
