@@ -38,6 +38,7 @@ CONFIG: dict[str, Any] = {
     "answer_tokens_prior": [10],
 }
 NUM_PROMPT_TOKENS = 64
+ONE_TO_ONE = Split(1, 1)
 
 
 def profile() -> Profile:
@@ -58,7 +59,7 @@ def request(req_id: str, arrival_ms: float, slo_class: str = "calm", think: int 
     return offline
 
 
-def pools(tmp_path: Path, cost: TransferCost, policy: str = "vllm-fcfs", split: Split = Split(1, 1)) -> tuple[
+def pools(tmp_path: Path, cost: TransferCost, policy: str = "vllm-fcfs", split: Split = ONE_TO_ONE) -> tuple[
     list[OfflineEngine], list[OfflineEngine]
 ]:
     prof = profile()
@@ -73,7 +74,7 @@ def pools(tmp_path: Path, cost: TransferCost, policy: str = "vllm-fcfs", split: 
 
 
 def replay(tmp_path: Path, requests: list[OfflineRequest], cost: TransferCost, policy: str = "vllm-fcfs",
-           split: Split = Split(1, 1), retries: Retries | None = None) -> Any:
+           split: Split = ONE_TO_ONE, retries: Retries | None = None) -> Any:
     prefill, decode = pools(tmp_path, cost, policy, split)
     run = replay_disaggregated(prefill, decode, requests, Router("round_robin", split.num_prefill),
                                Router("round_robin", split.num_decode), retries)
