@@ -54,32 +54,18 @@ test-py:  ## pytest, every layer: core binding, shim, offline engine, replay, de
 test-fast:  ## pytest without the live servers, the engines run as processes and the GPU (about 90 s on 2 cores)
 	$(PYTEST) -n auto --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
 
-# The 0.33 pass (in-process tests, one worker) runs beside the 0.32 pass: the 0.32 pass's
-# live-server chain keeps one worker busy for most of its ~9 minutes while the other worker, done
-# with the in-process tests, idles. Its output is printed after both finish.
-VLLM033_LOG := .cache/test-vllm033.log
-
 .PHONY: test
-test: setup bench-live-setup lint test-rust  ## Set everything up and run every test
-	@mkdir -p $(dir $(VLLM033_LOG))
-	$(MAKE) --no-print-directory vllm033-run VLLM033_WORKERS=1 > $(VLLM033_LOG) 2>&1 & v033=$$!; \
-	$(MAKE) --no-print-directory test-py; py=$$?; \
-	wait $$v033; v=$$?; echo "--- vLLM 0.33 pass ($(VLLM033_LOG)) ---"; cat $(VLLM033_LOG); exit $$(( py || v ))
+test: setup bench-live-setup lint test-rust test-py test-vllm033  ## Set everything up and run every test
 
 #: vLLM 0.33's Python, unpacked beside the 0.32 venv: its wheel is the CUDA build (about 336 MB),
 #: whose scheduler, connectors and engine loop import on a CPU-only machine; no model runs there.
 VLLM033 := .vllm-0.33
 
-VLLM033_WORKERS ?= auto
-
 .PHONY: test-vllm033
-test-vllm033: setup vllm033-run  ## The in-process layers (core binding, shim, offline engine, replay) against vLLM 0.33's Python
-
-.PHONY: vllm033-run
-vllm033-run:  # test-vllm033 without the setup (`test` runs it beside test-py, after its own setup)
+test-vllm033: setup  ## The in-process layers (core binding, shim, offline engine, replay) against vLLM 0.33's Python
 	@test -f $(VLLM033)/vllm/__init__.py || $(UV) pip install --quiet --no-deps --python $(PY) --target $(VLLM033) vllm==0.33.0
 	PYTHONPATH=$(abspath $(VLLM033)) VLLM_TARGET_DEVICE=cpu $(PY) -c "import vllm; assert vllm.__version__.startswith('0.33'), vllm.__version__; print('vLLM', vllm.__version__, 'from', vllm.__file__)"
-	PYTHONPATH=$(abspath $(VLLM033)) VLLM_TARGET_DEVICE=cpu $(PYTEST) -n $(VLLM033_WORKERS) --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
+	PYTHONPATH=$(abspath $(VLLM033)) VLLM_TARGET_DEVICE=cpu $(PYTEST) -n auto --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
 
 .PHONY: bench
 bench: setup  ## Decision time (criterion) and the shim's per-step overhead against stock vLLM
