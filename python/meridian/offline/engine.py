@@ -670,8 +670,9 @@ class OfflineEngine:
             self.kv_link = RemoteKvLink(scheduler, transfer_cost or TransferCost(0.0))
         elif scheduler.connector is not None:
             self.tier_link = HostTierLink(scheduler, host_load_ms_per_token)
-        #: Requests finished since the last ``drain_finished`` (a dispatcher's cheap poll).
-        self._just_finished: list[str] = []
+        #: Requests finished since the last ``drain_finished``, once ``watch_finished`` asked
+        #: for them (a dispatcher's cheap poll; ``None``: nobody asked, nothing kept).
+        self._just_finished: list[str] | None = None
         #: Passes of the busy loop so far (one ``step_with_batch_queue`` call each, plus idle
         #: jumps); arrivals are added at the top of a pass, as ``EngineCore`` does between steps.
         self.num_loop_passes = 0
@@ -738,10 +739,23 @@ class OfflineEngine:
             self._started = True
             self.result.max_num_free_blocks = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
 
+    def watch_finished(self) -> None:
+        """Keeps the ids of requests as they finish, for ``drain_finished``; before any is submitted."""
+        if self._pending or self._live or self.result.timelines:
+            raise RuntimeError("watch_finished must come before the first request")
+        self._just_finished = []
+
     def drain_finished(self) -> list[str]:
         """The requests that finished (rejected and refused ones included) since the last call."""
+        if self._just_finished is None:
+            raise RuntimeError("drain_finished needs watch_finished first")
         finished, self._just_finished = self._just_finished, []
         return finished
+
+    def _finished(self, req_id: str) -> None:
+        if self._just_finished is not None:
+            self._just_finished.append(req_id)
+        self.progress(1)
 
     def _has_work(self) -> bool:
         return bool(self._pending) or self._scheduler_has_work() or bool(self.batch_queue)
@@ -950,8 +964,7 @@ class OfflineEngine:
             timeline.finish_reason = "rejected"
             timeline.finished_ms = offline.arrival_ms
             self.result.num_rejected += 1
-            self._just_finished.append(offline.req_id)
-            self.progress(1)
+            self._finished(offline.req_id)
             return
         refusal = self.arrival_gate(self, offline) if self.arrival_gate is not None else None
         if refusal is not None:
@@ -963,8 +976,7 @@ class OfflineEngine:
             timeline.finished_ms = offline.arrival_ms
             timeline.shed_by = str(refusal)
             self.result.num_refused += 1
-            self._just_finished.append(offline.req_id)
-            self.progress(1)
+            self._finished(offline.req_id)
             return
         init_none_hash(sha256)
         extra: dict[str, Any] = {CLASS_ARG: offline.slo_class} if offline.slo_class is not None else {}
@@ -1011,8 +1023,7 @@ class OfflineEngine:
         timeline.stop_reason = stop_reason
         timeline.finished_ms = self.now_ms
         timeline.report = self.observer.finish(self.now_ms, handle, reason, [])
-        self._just_finished.append(req_id)
-        self.progress(1)
+        self._finished(req_id)
 
 
 def _is_shed(output: Any) -> bool:

@@ -31,7 +31,7 @@ engine held for a reader is freed by the end.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -142,37 +142,61 @@ class PdRun:
         return out
 
 
+class _Pool:
+    """One side's engines behind its router, with the attempts in flight on each."""
+
+    def __init__(self, engines: Sequence[OfflineEngine], router: Router) -> None:
+        self.engines = list(engines)
+        self.router = router
+        self.live: list[dict[str, PdAttempt]] = [{} for _ in engines]
+        for engine in self.engines:
+            engine.watch_finished()
+
+    def send(self, now_ms: float, attempt: PdAttempt, sent: OfflineRequest) -> int:
+        """Submits ``sent`` (the attempt as this side receives it) to the engine the router picks
+        for the attempt's request; returns that engine's index."""
+        self.router.poll(now_ms, self.engines)
+        index = self.router.pick(attempt.request)
+        self.router.in_flight[index] += 1
+        self.live[index][attempt.attempt_id] = attempt
+        self.engines[index].submit(sent)
+        self.engines[index].advance_to(now_ms)
+        return index
+
+    def finished(self) -> Iterator[tuple[int, OfflineEngine, PdAttempt, Timeline]]:
+        """The attempts finished since the last call, out of flight: engine index, engine,
+        attempt, its timeline there."""
+        for index, engine in enumerate(self.engines):
+            for attempt_id in engine.drain_finished():
+                attempt = self.live[index].pop(attempt_id)
+                self.router.in_flight[index] -= 1
+                yield index, engine, attempt, engine.result.timelines[attempt_id]
+
+    @property
+    def num_live(self) -> int:
+        return sum(map(len, self.live))
+
+
 class _Dispatch:
     """The router's two stages over the two pools (see the module docs)."""
 
     def __init__(
         self,
-        prefill: Sequence[OfflineEngine],
-        decode: Sequence[OfflineEngine],
-        prefill_router: Router,
-        decode_router: Router,
+        prefill: _Pool,
+        decode: _Pool,
         retries: Retries,
         reports_wait: bool,
     ) -> None:
-        self.prefill, self.decode = list(prefill), list(decode)
-        self.prefill_router, self.decode_router = prefill_router, decode_router
+        self.prefill, self.decode = prefill, decode
         self.retries = retries
         self.reports_wait = reports_wait
-        self.result = PdRun(Split(len(prefill), len(decode)))
+        self.result = PdRun(Split(len(prefill.engines), len(decode.engines)))
         self.events: list[tuple[float, int, str, PdAttempt]] = []
         self._seq = 0
-        self.live_prefill: list[dict[str, PdAttempt]] = [{} for _ in prefill]
-        self.live_decode: list[dict[str, PdAttempt]] = [{} for _ in decode]
         #: Per prefill attempt id: the prefill engine holding its blocks for a reader.
         self._held_on: dict[str, int] = {}
-        for engine in self.decode:
-            self._link(engine).on_read = self._release
-
-    @staticmethod
-    def _link(engine: OfflineEngine) -> RemoteKvLink:
-        if engine.kv_link is None:
-            raise ValueError("a disaggregated replay needs engines built with a kv_role (vLLM's NixlConnector)")
-        return engine.kv_link
+        for engine in self.decode.engines:
+            _link(engine).on_read = self._release
 
     def push(self, at_ms: float, stage: str, attempt: PdAttempt) -> None:
         heapq.heappush(self.events, (at_ms, self._seq, stage, attempt))
@@ -181,15 +205,12 @@ class _Dispatch:
     def _release(self, prefill_id: str, at_ms: float) -> None:
         index = self._held_on.pop(prefill_id, None)
         if index is not None:
-            self._link(self.prefill[index]).release(prefill_id, at_ms)
+            _link(self.prefill.engines[index]).release(prefill_id, at_ms)
 
     # ---- sending --------------------------------------------------------------------------
 
     def send_prefill(self, now_ms: float, attempt: PdAttempt) -> None:
         request = attempt.request
-        router = self.prefill_router
-        router.poll(now_ms, self.prefill)
-        attempt.prefill_engine = index = router.pick(request)
         sent = replace(
             request,
             req_id=attempt.attempt_id,
@@ -200,17 +221,12 @@ class _Dispatch:
             reports_wait=self.retries.reports_wait,
             kv_transfer_params={"do_remote_decode": True},
         )
+        attempt.prefill_engine = index = self.prefill.send(now_ms, attempt, sent)
         self.result.attempts.setdefault(request.req_id, []).append((index, None))
-        router.in_flight[index] += 1
-        self.live_prefill[index][attempt.attempt_id] = attempt
-        self.prefill[index].submit(sent)
-        self.prefill[index].advance_to(now_ms)
 
-    def send_decode(self, now_ms: float, attempt: PdAttempt, hand_back: dict[str, Any] | None) -> None:
+    def send_decode(self, now_ms: float, attempt: PdAttempt) -> None:
         request = attempt.request
-        router = self.decode_router
-        router.poll(now_ms, self.decode)
-        attempt.decode_engine = index = router.pick(request)
+        hand_back = self.prefill.engines[attempt.prefill_engine].result.timelines[attempt.attempt_id].kv_transfer_params
         sent = replace(
             request,
             req_id=attempt.attempt_id,
@@ -219,37 +235,26 @@ class _Dispatch:
             reports_wait=self.reports_wait,
             kv_transfer_params=hand_back,
         )
+        attempt.decode_engine = index = self.decode.send(now_ms, attempt, sent)
         self.result.attempts[request.req_id][-1] = (attempt.prefill_engine, index)
         self.result.prefill_ms[request.req_id] = now_ms - attempt.first_sent_ms
-        router.in_flight[index] += 1
-        self.live_decode[index][attempt.attempt_id] = attempt
-        self.decode[index].submit(sent)
-        self.decode[index].advance_to(now_ms)
 
     # ---- answers --------------------------------------------------------------------------
 
     def collect(self) -> None:
         """Turns every finished attempt into its next event: a hand-over, a retry or an outcome."""
-        for index, engine in enumerate(self.prefill):
-            for attempt_id in engine.drain_finished():
-                attempt = self.live_prefill[index].pop(attempt_id)
-                self.prefill_router.in_flight[index] -= 1
-                timeline = engine.result.timelines[attempt_id]
-                if timeline.kv_transfer_params is not None:
-                    self._held_on[attempt_id] = index
-                if timeline.finish_reason in ("length", "stop"):
-                    self.push(_finished_ms(timeline, engine), "decode", attempt)
-                else:
-                    self._end(attempt, timeline, engine)
-        for index, engine in enumerate(self.decode):
-            for attempt_id in engine.drain_finished():
-                attempt = self.live_decode[index].pop(attempt_id)
-                self.decode_router.in_flight[index] -= 1
-                timeline = engine.result.timelines[attempt_id]
-                # Ended before reading (refused at arrival, shed while waiting): vLLM's notice, or
-                # the API server's clean-up request, frees the prefill side's blocks now.
-                self._release(attempt_id, _finished_ms(timeline, engine))
+        for index, engine, attempt, timeline in self.prefill.finished():
+            if timeline.kv_transfer_params is not None:
+                self._held_on[attempt.attempt_id] = index
+            if timeline.finish_reason in ("length", "stop"):
+                self.push(_finished_ms(timeline, engine), "decode", attempt)
+            else:
                 self._end(attempt, timeline, engine)
+        for _index, engine, attempt, timeline in self.decode.finished():
+            # Ended before reading (refused at arrival, shed while waiting): vLLM's notice, or
+            # the API server's clean-up request, frees the prefill side's blocks now.
+            self._release(attempt.attempt_id, _finished_ms(timeline, engine))
+            self._end(attempt, timeline, engine)
 
     def _end(self, attempt: PdAttempt, timeline: Timeline, engine: OfflineEngine) -> None:
         """A retry for a shed before the first token with attempts left, else the outcome."""
@@ -261,13 +266,15 @@ class _Dispatch:
             timeline, req_id=attempt.request.req_id, arrival_ms=attempt.first_sent_ms
         )
 
-    def hand_back(self, attempt: PdAttempt) -> dict[str, Any] | None:
-        timeline = self.prefill[attempt.prefill_engine].result.timelines[attempt.attempt_id]
-        return timeline.kv_transfer_params
-
     @property
     def num_live(self) -> int:
-        return sum(map(len, self.live_prefill)) + sum(map(len, self.live_decode))
+        return self.prefill.num_live + self.decode.num_live
+
+
+def _link(engine: OfflineEngine) -> RemoteKvLink:
+    if engine.kv_link is None:
+        raise ValueError("a disaggregated replay needs engines built with a kv_role (vLLM's NixlConnector)")
+    return engine.kv_link
 
 
 def _finished_ms(timeline: Timeline, engine: OfflineEngine) -> float:
@@ -296,10 +303,12 @@ def replay_disaggregated(
         )
     if slice_ms <= 0:
         raise ValueError(f"slice_ms={slice_ms} must be > 0")
-    run = _Dispatch(prefill, decode, prefill_router, decode_router, retries or Retries(), reports_wait)
+    for engine in [*prefill, *decode]:
+        _link(engine)  # fail before any work on an engine without a hand-off
+    run = _Dispatch(_Pool(prefill, prefill_router), _Pool(decode, decode_router), retries or Retries(), reports_wait)
     for request in sorted(requests, key=lambda r: r.arrival_ms):
         run.push(request.arrival_ms, "prefill", PdAttempt(request, 1, request.arrival_ms))
-    engines = [*run.prefill, *run.decode]
+    engines = [*prefill, *decode]
     clock_ms = 0.0
     while run.events or run.num_live:
         target_ms = run.events[0][0] if run.events else max(e.now_ms for e in engines) + slice_ms
@@ -316,12 +325,12 @@ def replay_disaggregated(
         if stage == "prefill":
             run.send_prefill(now_ms, attempt)
         else:
-            run.send_decode(now_ms, attempt, run.hand_back(attempt))
+            run.send_decode(now_ms, attempt)
     result = run.result
-    result.prefill = [engine.finish() for engine in run.prefill]
-    result.decode = [engine.finish() for engine in run.decode]
+    result.prefill = [engine.finish() for engine in prefill]
+    result.decode = [engine.finish() for engine in decode]
     for engine in engines:
-        link = run._link(engine)
+        link = _link(engine)
         result.num_reads += link.num_reads
         result.num_read_tokens += link.num_read_tokens
         result.read_ms_total += link.read_ms_total
@@ -330,9 +339,16 @@ def replay_disaggregated(
 
 
 def pd_summary(run: PdRun, label: str) -> dict[str, Any]:
-    """The clients' view (``report.summarize`` over each request's outcome, from its first send),
-    and per pool: attempts, where requests ended, sheds, device use; what moved between them."""
+    """The clients' view (``report.summarize`` over each request's outcome, from its first send)
+    with ``add_pd_fields``'s."""
     summary = summarize(ReplayResult(label, run.client_run()))
+    add_pd_fields(summary, run)
+    return summary
+
+
+def add_pd_fields(summary: dict[str, Any], run: PdRun) -> None:
+    """Adds to a summary of ``run``'s clients: per pool the attempts, where requests ended, sheds
+    and device use; what moved between the pools; the count per engine."""
     num_engines = run.split.num_engines
     ended_on_prefill = sum(1 for a in run.attempts.values() if a[-1][1] is None)
     prefill_ms = sorted(run.prefill_ms.values())
@@ -356,7 +372,6 @@ def pd_summary(run: PdRun, label: str) -> dict[str, Any]:
             "prefill_answer_ms_p99": _quantile(prefill_ms, 0.99),
         },
     )
-    return summary
 
 
 def _pool(runs: Sequence[EngineRun]) -> dict[str, Any]:

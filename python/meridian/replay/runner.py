@@ -26,7 +26,7 @@ from typing import Any
 from meridian._core import Config
 from meridian.offline.engine import TransferCost, offline_environment
 from meridian.replay import reasoning, traces
-from meridian.replay.disaggregated import Split, pd_summary, pd_table, replay_disaggregated, split_policy
+from meridian.replay.disaggregated import Split, add_pd_fields, pd_table, replay_disaggregated, split_policy
 from meridian.replay.policies import (
     POLICIES,
     TUNED_VALVE,
@@ -274,17 +274,10 @@ def _run_disaggregated(
         Router(router, split.num_decode, seed=1),
         Retries(attempts=attempts),
     )
-    label = pd_label(policy, split)
-    summary = pd_summary(run, label)
-    summary.update(rate_scale=rate_scale, router=router, fleet=split.num_engines)
-    reports = [t.report for t in run.outcomes.values() if t.report is not None and t.report.reason == "stopped"]
-    return PolicyRun(
-        policy=label,
-        rate_scale=rate_scale,
-        summary=summary,
-        ttfat_ms=[r.ttfat_ms for r in reports if r.ttfat_ms is not None],
-        answer_tpot_ms=[r.answer_tpot_ms for r in reports if r.answer_tpot_ms is not None],
-    )
+    result = policy_run(ReplayResult(pd_label(policy, split), run.client_run()), rate_scale)
+    add_pd_fields(result.summary, run)
+    result.summary.update(router=router, fleet=split.num_engines)
+    return result
 
 
 def pd_label(policy: str, split: Split) -> str:
