@@ -605,6 +605,7 @@ impl Meridian {
         } else {
             shed
         };
+        overload::shed_waiting_last(&mut waiting_order, num_admissible, &shed);
         let prefetch = self.prefetch(waiting, &waiting_order, num_admissible);
         let held = self.paced_out(now_ms, running, decode_step_ms);
         self.num_thinking_in_step = running.len() as u32 - load.num_answering;

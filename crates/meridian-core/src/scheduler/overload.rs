@@ -409,6 +409,24 @@ impl Meridian {
     }
 }
 
+/// Moves the waiting requests a plan sheds past its admissible ones to the end of the waiting
+/// order, keeping the order of the rest: the shim ends them before vLLM schedules, so none may
+/// stand before a request that can still be admitted or prefetched (the second shed pass judges
+/// requests where the first ordering left them). The admissible prefix is left as it is. `shed`
+/// is sorted running first, then by index, as the plan lists it.
+pub(super) fn shed_waiting_last(order: &mut [u32], num_admissible: u32, shed: &[Shed]) {
+    let waiting_shed = &shed[shed.partition_point(|s| s.running)..];
+    if waiting_shed.is_empty() {
+        return;
+    }
+    let is_shed = |i: &u32| waiting_shed.binary_search_by_key(i, |s| s.index).is_ok();
+    let start = (num_admissible as usize).min(order.len());
+    let tail = &mut order[start..];
+    let (mut kept, moved): (Vec<u32>, Vec<u32>) = tail.iter().partition(|i| !is_shed(i));
+    kept.extend(moved);
+    tail.copy_from_slice(&kept);
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_shed_notice;
