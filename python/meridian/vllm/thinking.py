@@ -14,10 +14,13 @@ logits of a request the core is forcing to the one forced token (closing text, t
 reasoning-end tokens); (3) measures this step's rows that the core wants measured: torch on
 CPU, the ``logits_stats`` kernel on a side CUDA stream on GPU; (4) asks the
 scheduler for EAT probes through ``meridian.vllm.bus`` and feeds probe results back. Which
-model runner: one class implements both interfaces, and vLLM calls the one its runner has —
-V1 (the CPU build, ``VLLM_USE_V2_MODEL_RUNNER=0``): persistent batch rows and the runner's
-output lists (``_V1Batch``); Model Runner V2 (the GPU default): request slots, per-step rows and
-the runner's token history on the device (``_V2Batch``). The work itself is one (``_Worker``).
+model runner: one class implements each interface the installed vLLM has, and vLLM calls the one
+its runner has — V1 (0.32 and 0.33 only; the 0.32 CPU build, ``VLLM_USE_V2_MODEL_RUNNER=0``):
+persistent batch rows and the runner's output lists (``_V1Batch``); Model Runner V2 (the GPU
+default, and 0.34's only runner on GPUs and x86 CPUs): request slots, per-step rows and the
+runner's token history on the device (``_V2Batch``). vLLM 0.34's standalone CPU runner (non-x86
+CPUs without Triton) loads no custom logits processor at all. The work itself is one
+(``_Worker``).
 It needs ``MeridianScheduler``, which stamps each request's resolved SLO class into its
 ``extra_args``; the processor reads that class and never guesses one. Invariant: the processor
 decides nothing (the core does) and changes no logits of a request
@@ -28,6 +31,7 @@ and never the engine.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -38,7 +42,6 @@ from meridian.vllm._version import require_supported_vllm
 require_supported_vllm()
 
 import torch  # noqa: E402
-from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext as V2LogitsContext  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor  # noqa: E402
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcRequestState as V2RequestState  # noqa: E402
@@ -56,6 +59,14 @@ from meridian.vllm.names import (  # noqa: E402
     RESOLVED_CLASS_ARG,
     SCHEDULER_CLS,
 )
+
+#: Whether this vLLM still has the V1 model runner's logits-processor interface (0.32 and 0.33;
+#: 0.34 removed the V1 runner with it). Model Runner V2's interface is in every supported release.
+HAS_V1_RUNNER = importlib.util.find_spec("vllm.v1.sample.logits_processor") is not None
+
+if HAS_V1_RUNNER or TYPE_CHECKING:
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
+    from vllm.v1.sample.logits_processor import LogitsProcessor as V1LogitsProcessor  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm import SamplingParams
@@ -496,11 +507,23 @@ class _V2Batch:
             at += count
 
 
-class MeridianThinkingProcessor(LogitsProcessor, V2LogitsProcessor):
+# The runners' interfaces this vLLM has: vLLM checks the class it loads against its runner's.
+if HAS_V1_RUNNER or TYPE_CHECKING:
+
+    class _RunnerInterfaces(V1LogitsProcessor, V2LogitsProcessor):  # type: ignore[misc]  # apply() is MeridianThinkingProcessor's
+        pass
+
+else:
+
+    class _RunnerInterfaces(V2LogitsProcessor):  # type: ignore[no-redef]
+        pass
+
+
+class MeridianThinkingProcessor(_RunnerInterfaces):
     """Ends reasoning early by the core's thinking-control rules (see the module docs). One class
-    for both of vLLM's processor interfaces: vLLM builds it with ``(vllm_config, device,
-    is_pin_memory)`` under the V1 model runner and with ``(vllm_config, req_states)`` under V2,
-    and calls only its runner's methods."""
+    for each of vLLM's processor interfaces it has: vLLM builds it with ``(vllm_config, device,
+    is_pin_memory)`` under the V1 model runner (0.32 and 0.33) and with ``(vllm_config,
+    req_states)`` under V2, and calls only its runner's methods."""
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
