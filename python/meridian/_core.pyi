@@ -323,6 +323,7 @@ class Meridian:
         reasoning_start_ids: list[int],
         reasoning_end_ids: list[int],
         tool_call_ids: list[list[int]],
+        max_num_inflight_kv_loads: int | None = None,
     ) -> Meridian: ...
     @property
     def num_requests(self) -> int: ...
@@ -352,7 +353,19 @@ class Meridian:
         """How many internal EAT probes are live."""
     def thinking_endings(self) -> list[str]:
         """The ids of the live requests whose thinking a plan ended, until they finish."""
-    def plan_step(self, now_ms: float, running: list[int], waiting: list[int], num_free_blocks: int) -> StepPlan: ...
+    def plan_step(
+        self,
+        now_ms: float,
+        running: list[int],
+        waiting: list[int],
+        num_free_blocks: int,
+        *,
+        num_async_waiting: int = 0,
+        num_inflight_kv_loads: int = 0,
+    ) -> StepPlan:
+        """One step's plan; the last ``num_async_waiting`` of ``waiting`` are vLLM 0.34's async
+        KV-load queue (``--max-num-inflight-kv-loads``), ``num_inflight_kv_loads`` loads holding
+        blocks now."""
     def engine_load(
         self, now_ms: float, running: list[int], waiting: list[int]
     ) -> tuple[dict[str, dict[str, int | float | None]], float]:

@@ -47,6 +47,16 @@ def test_schedule_reads_the_levers_meridian_sets() -> None:
         params = list(inspect.signature(Scheduler._next_waiting_queue).parameters)
         assert params == ["self", "take_async_kv"], params
         assert "self._admits_inflight_kv_load()" in body
+        # What MeridianScheduler._num_inflight_kv_loads counts, as vLLM counts it against the cap.
+        cap_check = source(Scheduler._admits_inflight_kv_load)
+        for term in ("self._kv_fetch_counts[KV_FETCH_IN_PROGRESS]", "self._kv_fetch_counts[KV_FETCH_COMPLETED_WAITING]",
+                     "len(self._aborted_kv_loads)"):
+            assert term in cap_check, term
+        from vllm.v1.metrics.stats import KV_FETCH_COMPLETED_WAITING, KV_FETCH_IN_PROGRESS
+
+        assert (KV_FETCH_IN_PROGRESS, KV_FETCH_COMPLETED_WAITING) == ("in_progress", "completed_waiting")
+        # A request the connector may load asynchronously is queued there (the plan's async part).
+        assert "self.async_kv_waiting.add_request(request)" in source(Scheduler._enqueue_waiting_request)
 
 
 def test_preemption_and_free_hooks_exist() -> None:

@@ -13,7 +13,7 @@ fn populated(num_requests: usize) -> (Meridian, Vec<ReqHandle>, Vec<ReqHandle>) 
 }
 
 fn populated_with(config: Config, num_requests: usize) -> (Meridian, Vec<ReqHandle>, Vec<ReqHandle>) {
-    let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 8192, max_num_seqs: 4096 };
+    let limits = EngineLimits::new(16, 8192, 4096);
     let markers = ReasoningMarkers::new(vec![1], vec![END], vec![]);
     let mut core = Meridian::new(config, limits, markers).unwrap();
     let classes = ["interactive", "standard", "batch"];

@@ -6,7 +6,7 @@
 //! use meridian_core::{Config, EngineLimits, Meridian, NewRequest, ReasoningMarkers};
 //!
 //! const THINK_END: u32 = 2;
-//! let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 2048, max_num_seqs: 64 };
+//! let limits = EngineLimits::new(16, 2048, 64);
 //! let markers = ReasoningMarkers::new(vec![1], vec![THINK_END], vec![]);
 //! let mut core = Meridian::new(Config::default(), limits, markers).unwrap();
 //! let new = |req_id| NewRequest {
@@ -60,8 +60,8 @@ pub use prefix_index::{CachedPrefix, Medium, PrefixIndex};
 pub use reasoning_effort::{EffortBudgets, ReasoningEffort, EFFORT_ARG};
 pub use request_args::{check_request_args, thinking_control_for_request, MAX_WAITED_MS, WAITED_ARG};
 pub use scheduler::{
-    parse_shed_notice, AdmissionRule, ClassLoad, EngineLimits, EngineLoad, FinishedRequest, Footprint,
-    Meridian, NewRequest, PolicyTraits, Preemption, ReqHandle, RunningOrder, SchedulerStats, Shed,
+    parse_shed_notice, AdmissionRule, AsyncKvLoads, ClassLoad, EngineLimits, EngineLoad, FinishedRequest,
+    Footprint, Meridian, NewRequest, PolicyTraits, Preemption, ReqHandle, RunningOrder, SchedulerStats, Shed,
     ShedNotice, ShedReason, StepPlan, WaitingOrderRule, SHED_MARKER,
 };
 pub use slo::{ClassId, OnOverload, ShedUntil, SloClass, SloTargets, WaitingOrder, CLASS_ARG};

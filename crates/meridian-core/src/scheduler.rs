@@ -555,8 +555,24 @@ impl Meridian {
         waiting: &[ReqHandle],
         num_free_blocks: u32,
     ) -> Result<StepPlan> {
+        self.plan_step_with_async_loads(now_ms, running, waiting, num_free_blocks, AsyncKvLoads::default())
+    }
+
+    /// [`Self::plan_step`] for an engine with vLLM 0.34's async KV-load queue: the last
+    /// `async_loads.num_waiting` handles of `waiting` are that queue's, in its order; the plan
+    /// orders them with the rest, and may admit them to start their loads without a seat
+    /// ([`EngineLimits::max_num_inflight_kv_loads`]).
+    pub fn plan_step_with_async_loads(
+        &mut self,
+        now_ms: f64,
+        running: &[ReqHandle],
+        waiting: &[ReqHandle],
+        num_free_blocks: u32,
+        async_loads: AsyncKvLoads,
+    ) -> Result<StepPlan> {
         let now_ms = check_time_ms("now_ms", now_ms)?;
         self.check_distinct(running, waiting)?;
+        let async_loads = self.seatless_loads(waiting.len(), async_loads)?;
         if now_ms - self.censored_at_ms >= CENSORED_REFRESH_MS || now_ms < self.censored_at_ms {
             self.censored_at_ms = now_ms;
             self.refresh_censored(running, waiting);
@@ -587,6 +603,7 @@ impl Meridian {
             &waiting_order,
             num_free_blocks.saturating_sub(num_reserved_blocks),
             decode_step_ms,
+            &async_loads,
         );
         let (shed_seats, shed_blocks) = self.freed_by_shed(running, &shed);
         let num_admissible = self.num_admissible(
@@ -597,6 +614,7 @@ impl Meridian {
             num_reserved_blocks,
             running.len().saturating_sub(preempt.len() + shed_seats),
             &load,
+            &async_loads,
         );
         // Only shed classes are judged again; the walk over the running list is skipped without.
         let shed = if self.any_shed_class {
@@ -974,6 +992,25 @@ impl Meridian {
         self.class_table[class.index()].0
     }
 
+    /// The plan's view of the async KV-load queue: none without `max_num_inflight_kv_loads`
+    /// (every admission takes a seat, wherever vLLM keeps the request).
+    fn seatless_loads(&self, num_waiting: usize, async_loads: AsyncKvLoads) -> Result<SeatlessLoads> {
+        if async_loads.num_waiting > num_waiting {
+            return Err(Error::argument(
+                "num_async_waiting",
+                async_loads.num_waiting,
+                "counts more requests than the waiting list holds",
+            ));
+        }
+        Ok(match self.limits.max_num_inflight_kv_loads {
+            Some(cap) => SeatlessLoads::new(
+                num_waiting - async_loads.num_waiting,
+                cap.saturating_sub(async_loads.num_inflight),
+            ),
+            None => SeatlessLoads::new(num_waiting, 0),
+        })
+    }
+
     fn check_distinct(&mut self, running: &[ReqHandle], waiting: &[ReqHandle]) -> Result<()> {
         let words = self.slots.len().div_ceil(64);
         self.seen.clear();
@@ -1060,12 +1097,13 @@ mod prefix;
 mod tiers;
 mod types;
 
-use admission::RunningLoad;
+use admission::{RunningLoad, SeatlessLoads};
 pub use load::{ClassLoad, EngineLoad};
 pub use overload::{parse_shed_notice, Shed, ShedNotice, ShedReason, SHED_MARKER};
 pub use policy::{AdmissionRule, PolicyTraits, RunningOrder, WaitingOrderRule};
 pub use types::{
-    EngineLimits, FinishedRequest, Footprint, NewRequest, Preemption, ReqHandle, SchedulerStats, StepPlan,
+    AsyncKvLoads, EngineLimits, FinishedRequest, Footprint, NewRequest, Preemption, ReqHandle,
+    SchedulerStats, StepPlan,
 };
 
 #[cfg(test)]

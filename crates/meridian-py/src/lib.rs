@@ -273,7 +273,9 @@ struct PyMeridian {
 impl PyMeridian {
     #[new]
     #[pyo3(signature = (config, *, block_size, max_num_batched_tokens, max_num_seqs,
-                        reasoning_start_ids, reasoning_end_ids, tool_call_ids))]
+                        reasoning_start_ids, reasoning_end_ids, tool_call_ids, max_num_inflight_kv_loads=None))]
+    // One argument per field of the core's `EngineLimits` and `ReasoningMarkers`.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         config: &PyConfig,
         block_size: u32,
@@ -282,8 +284,12 @@ impl PyMeridian {
         reasoning_start_ids: Vec<u32>,
         reasoning_end_ids: Vec<u32>,
         tool_call_ids: Vec<Vec<u32>>,
+        max_num_inflight_kv_loads: Option<u32>,
     ) -> PyResult<Self> {
-        let limits = core::EngineLimits { block_size, max_num_batched_tokens, max_num_seqs };
+        let limits = core::EngineLimits {
+            max_num_inflight_kv_loads,
+            ..core::EngineLimits::new(block_size, max_num_batched_tokens, max_num_seqs)
+        };
         let markers = core::ReasoningMarkers::new(reasoning_start_ids, reasoning_end_ids, tool_call_ids);
         core::Meridian::new(config.inner.clone(), limits, markers).map(|inner| Self { inner }).map_err(to_py)
     }
@@ -351,17 +357,27 @@ impl PyMeridian {
         self.inner.thinking_endings()
     }
 
-    /// Decides one step from the handles of `running` and `waiting` in their current order.
+    /// Decides one step from the handles of `running` and `waiting` in their current order; the
+    /// last `num_async_waiting` of `waiting` are vLLM 0.34's async KV-load queue, with
+    /// `num_inflight_kv_loads` loads holding blocks now.
+    #[pyo3(signature = (now_ms, running, waiting, num_free_blocks, *, num_async_waiting=0, num_inflight_kv_loads=0))]
     fn plan_step(
         &mut self,
         now_ms: f64,
         running: Vec<u64>,
         waiting: Vec<u64>,
         num_free_blocks: u32,
+        num_async_waiting: usize,
+        num_inflight_kv_loads: u32,
     ) -> PyResult<PyStepPlan> {
         let running = handles(running);
         let waiting = handles(waiting);
-        let plan = self.inner.plan_step(now_ms, &running, &waiting, num_free_blocks).map_err(to_py)?;
+        let loads =
+            core::AsyncKvLoads { num_waiting: num_async_waiting, num_inflight: num_inflight_kv_loads };
+        let plan = self
+            .inner
+            .plan_step_with_async_loads(now_ms, &running, &waiting, num_free_blocks, loads)
+            .map_err(to_py)?;
         let mut shed = Vec::with_capacity(plan.shed.len());
         for s in &plan.shed {
             let handle = if s.running { running[s.index as usize] } else { waiting[s.index as usize] };

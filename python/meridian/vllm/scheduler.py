@@ -40,7 +40,7 @@ from meridian.vllm.kvtier import TierHooks  # noqa: E402
 from meridian.vllm.metrics import MeridianMetrics, metrics_dir, served_model_name  # noqa: E402
 from meridian.vllm.names import REQ_ID_ARG, RESOLVED_CLASS_ARG  # noqa: E402
 from meridian.vllm.probes import ProbeBook  # noqa: E402
-from meridian.vllm.queue import MeridianWaitingQueue  # noqa: E402
+from meridian.vllm.queue import MeridianWaitingQueue, WaitingQueues  # noqa: E402
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.interface import PauseState
@@ -153,10 +153,12 @@ class MeridianScheduler(AsyncScheduler):
             config,
             block_size=self.block_size,
             max_num_batched_tokens=self.max_num_scheduled_tokens,
-            max_num_seqs=self.max_num_running_reqs,
+            # The requests vLLM admits into running: `--max-num-active-seqs` where it is lower.
+            max_num_seqs=self.max_num_active_reqs,
             reasoning_start_ids=markers.start,
             reasoning_end_ids=markers.end,
             tool_call_ids=markers.tool_calls,
+            max_num_inflight_kv_loads=getattr(self.scheduler_config, "max_num_inflight_kv_loads", None),
         )
         #: Clock in milliseconds; the replay and the tests install a virtual one.
         self.clock_ms: Callable[[], float] = _wall_clock_ms
@@ -222,13 +224,34 @@ class MeridianScheduler(AsyncScheduler):
         requests in each state, least slack and TTFAT headroom, expected remaining output; and the
         phase-weighted queue. What /metrics publishes and a data-parallel balancer reads."""
         return self.meridian.engine_load(
-            self.clock_ms(), _handles(self.running), _handles((*self.waiting, *self.kv_holding_waiting))
+            self.clock_ms(),
+            _handles(self.running),
+            _handles((*self._waiting_queues.requests(), *self.kv_holding_waiting)),
         )
 
     @property
     def _meridian_waiting(self) -> MeridianWaitingQueue:
         # `_install_queues` put Meridian's queue in vLLM's `waiting` attribute, typed as vLLM's.
         return cast(MeridianWaitingQueue, self.waiting)
+
+    @property
+    def _waiting_queues(self) -> WaitingQueues:
+        async_kv = getattr(self, "async_kv_waiting", None)
+        return WaitingQueues(
+            self._meridian_waiting, cast(MeridianWaitingQueue, async_kv) if async_kv is not None else None
+        )
+
+    def _next_waiting_queue(self, take_async_kv: bool) -> MeridianWaitingQueue:
+        # vLLM 0.34 picks between its waiting queue and its async KV-load queue by their heads'
+        # arrival: under Meridian, by the plan's order over both.
+        return self._waiting_queues.next_queue(take_async_kv)
+
+    def _num_inflight_kv_loads(self) -> int:
+        """What vLLM 0.34 counts against ``--max-num-inflight-kv-loads`` (``_admits_inflight_kv_load``)."""
+        # 0.34's attributes, read by name: the venv's vLLM (0.32) types neither.
+        counts: dict[str, int] = self._kv_fetch_counts or {}
+        aborted: set[str] = getattr(self, "_aborted_kv_loads", set())
+        return counts.get("in_progress", 0) + counts.get("completed_waiting", 0) + len(aborted)
 
     # ---- vLLM interface -----------------------------------------------------------------
 
@@ -278,34 +301,37 @@ class MeridianScheduler(AsyncScheduler):
         self._add_probes()
         if self._tier_policy is not None:
             self._tier_policy.flush()
+        queues = self._waiting_queues
+        waiting = queues.requests()
         plan = self.meridian.plan_step(
             self.clock_ms(),
             [getattr(r, HANDLE_ATTR) for r in self.running],
-            [getattr(r, HANDLE_ATTR) for r in self.waiting],
+            [getattr(r, HANDLE_ATTR) for r in waiting],
             self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            num_async_waiting=queues.num_async,
+            num_inflight_kv_loads=self._num_inflight_kv_loads() if queues.num_async else 0,
         )
         running = self.running
         held = [running[i] for i in plan.held]
         victims = [running[i] for i in plan.preempt]
-        shed = self._shed_requests(plan.shed, running)
+        shed = self._shed_requests(plan.shed, running, waiting)
         set_aside = {id(r) for r in held} | {id(r) for r in victims} | {id(r) for r, _ in shed}
         # Held requests sit the step out: vLLM only schedules (and only preempts) what is in
         # `running`, so they keep their KV and rejoin at the back right after.
         self.running = [r for i in plan.running_order if id(r := running[i]) not in set_aside]
         if plan.prefetch and self.kv_tier is not None:
-            waiting = list(self.waiting)
             ready = self.kv_tier.prefetch(waiting[i] for i in plan.prefetch)
             self.meridian.on_prefetched([getattr(r, HANDLE_ATTR) for r in ready])
-        self._meridian_waiting.apply_plan(plan.waiting_order, plan.num_admissible)
+        num_plain_admissible = queues.apply_plan(plan.waiting_order, plan.num_admissible)
         self._end_shed(shed)
-        self._preempt_on_arrival(victims, plan.num_admissible)
+        self._preempt_on_arrival(victims, num_plain_admissible)
         self.max_num_scheduled_tokens = plan.token_budget
         handed_over = time.perf_counter()
         try:
             output = super().schedule(throttle_prefills)
             self._record_remote_loads_started()
         finally:
-            self._meridian_waiting.close_gate()
+            queues.close_gate()
             self.running.extend(held)
         returned = time.perf_counter()
         setattr(output, STEP_ATTR, plan.step_id)
@@ -408,13 +434,15 @@ class MeridianScheduler(AsyncScheduler):
         self.waiting = MeridianWaitingQueue(self.waiting)
         holding = list(self.kv_holding_waiting)
         self.kv_holding_waiting = MeridianWaitingQueue(holding)
+        async_kv = getattr(self, "async_kv_waiting", None)  # vLLM 0.34
+        if async_kv is not None:
+            self.async_kv_waiting = MeridianWaitingQueue(list(async_kv))
 
-    def _shed_requests(self, decisions: list[Shed], running: list[Request]) -> list[tuple[Request, Shed]]:
+    def _shed_requests(
+        self, decisions: list[Shed], running: list[Request], waiting: list[Request]
+    ) -> list[tuple[Request, Shed]]:
         """The requests the plan ends early, read off the lists its indices refer to (before
         either list is reordered)."""
-        if not decisions:
-            return []
-        waiting = list(self.waiting)
         return [(running[d.index] if d.running else waiting[d.index], d) for d in decisions]
 
     def _end_shed(self, shed: list[tuple[Request, Shed]]) -> None:
@@ -464,7 +492,7 @@ class MeridianScheduler(AsyncScheduler):
                 self.meridian.on_kv_load_failure(handle, failed)
 
     def _record_remote_loads_started(self) -> None:
-        started = self._meridian_waiting.remote_loads_started()
+        started = self._waiting_queues.remote_loads_started()
         if not started:
             return
         now_ms = self.clock_ms()
@@ -627,7 +655,7 @@ class MeridianScheduler(AsyncScheduler):
         # An engine that runs out of requests steps no more: its last snapshot must say so now.
         self._arrival.publish(
             lambda: self.meridian.arrival_snapshot(
-                now_ms, _handles(self.running), _handles((*self.waiting, *self.kv_holding_waiting))
+                now_ms, _handles(self.running), _handles((*self._waiting_queues.requests(), *self.kv_holding_waiting))
             ),
             force=not self.has_requests(),
         )

@@ -1,11 +1,15 @@
 //! What a step may take on: the running load it starts from, the waiting requests it admits
 //! (under the policy's [`super::PolicyTraits::admission`]: the answer KV reserve and the TPOT
 //! guard, SCORPIO's virtual batch, or vLLM's own check), the running thinking an arrival may
-//! preempt, the step's token budget and PASCAL's paced-out answers. Invariant: the budget lies in
-//! `[1, max_num_batched_tokens]`, and with nothing running at least the head may be tried, so an
-//! estimate never wedges the engine.
+//! preempt, the step's token budget and PASCAL's paced-out answers. A request in vLLM 0.34's async
+//! KV-load queue starts its load without a running seat (it holds blocks, and takes a seat once
+//! its KV has arrived), so with that queue the admitted requests are those at the head of the
+//! order that find room of their kind — a seat, or a load under the cap — moved ahead of the ones
+//! passed over. Invariant: the budget lies in `[1, max_num_batched_tokens]`, and with nothing
+//! running at least the head may be tried, so an estimate never wedges the engine; the admitted
+//! requests are always the head of the waiting order, in its order.
 
-use super::{ceil_tokens, AdmissionRule, Meridian, ReqHandle};
+use super::{ceil_tokens, AdmissionRule, Hot, Meridian, ReqHandle};
 use crate::phase::Phase;
 use crate::step_model::StepShape;
 
@@ -41,6 +45,47 @@ impl RunningLoad {
             num_context_tokens: self.num_context_tokens,
         }
     }
+}
+
+/// The plan's view of vLLM 0.34's async KV-load queue: which waiting requests start their KV
+/// load without a seat, and how many more loads the cap allows.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SeatlessLoads {
+    /// Waiting indices from here on are in the async KV-load queue.
+    first: usize,
+    /// Loads the cap still allows (0 without the queue).
+    pub(super) left: u32,
+}
+
+impl SeatlessLoads {
+    pub(super) fn new(first: usize, left: u32) -> Self {
+        Self { first, left }
+    }
+
+    /// Whether the waiting request at index `i` would start a load rather than take a seat.
+    pub(super) fn takes_no_seat(&self, i: u32, r: &Hot) -> bool {
+        i as usize >= self.first && !r.kv_arriving
+    }
+}
+
+/// Moves the admitted positions of `order` ahead of the `passed_over` ones (ascending); together
+/// they are `order`'s first `num_admitted + passed_over.len()` positions (a scan that stopped
+/// there). Both keep their relative order.
+fn admitted_first(order: &mut [u32], passed_over: &[usize], num_admitted: usize) {
+    if num_admitted == 0 || passed_over.is_empty() {
+        return;
+    }
+    let last = passed_over.len() + num_admitted;
+    let (mut head, mut behind) = (Vec::with_capacity(last), Vec::with_capacity(passed_over.len()));
+    for (position, &i) in order[..last].iter().enumerate() {
+        if passed_over.binary_search(&position).is_ok() {
+            behind.push(i)
+        } else {
+            head.push(i)
+        }
+    }
+    head.extend(behind);
+    order[..last].copy_from_slice(&head);
 }
 
 /// With nothing running nothing can free memory: let vLLM try the head itself, so a request
@@ -122,6 +167,7 @@ impl Meridian {
     /// (the step-time model's time to recompute their tokens) first; none preempted on arrival
     /// within `min_interval_ms` of the last time; at most `max_per_step`. Returns the victims'
     /// indices into `running` (ascending) and the blocks they free.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn arrival_victims(
         &mut self,
         now_ms: f64,
@@ -130,6 +176,7 @@ impl Meridian {
         order: &[u32],
         blocks_available: u32,
         step_ms: f64,
+        loads: &SeatlessLoads,
     ) -> (Vec<u32>, u32) {
         let rule = self.config.arrival_preemption;
         let Some(&head) = order.first() else { return (Vec::new(), 0) };
@@ -137,12 +184,14 @@ impl Meridian {
             return (Vec::new(), 0);
         }
         let w = self.hot(waiting[head as usize]);
-        if w.shed {
+        let loads_without_seat = loads.takes_no_seat(head, w);
+        if w.shed || (loads_without_seat && loads.left == 0) {
+            // A load the cap holds back gains nothing from a victim's seat or blocks.
             return (Vec::new(), 0);
         }
         let block_size = u64::from(self.limits.block_size);
         let need_blocks = (u64::from(w.num_tokens) + 1).div_ceil(block_size);
-        let need_seat = running.len() >= self.limits.max_num_seqs as usize;
+        let need_seat = !loads_without_seat && running.len() >= self.limits.max_num_seqs as usize;
         let mut missing_blocks = need_blocks.saturating_sub(u64::from(blocks_available));
         let (w_rank, w_targets) = (self.class_table[w.class.index()].1, self.targets(w.class));
         let waited_ms = now_ms - w.arrival_ms;
@@ -223,7 +272,9 @@ impl Meridian {
     /// ahead of it in `order`, which keeps its place otherwise) — measured: a preempted 855-token
     /// thinker at the head, one block short, kept twelve seats and 27 free blocks idle for 0.9 s
     /// while interactive requests behind it were shed for their TTFT — until it has waited
-    /// `starvation_ms`, when it blocks again so it cannot be passed over for ever.
+    /// `starvation_ms`, when it blocks again so it cannot be passed over for ever. Likewise a
+    /// request with no room of its kind (every seat taken, or the async KV-load cap reached)
+    /// holds up none behind it that has room of the other kind.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn num_admissible(
         &self,
@@ -234,30 +285,41 @@ impl Meridian {
         num_reserved_blocks: u32,
         num_running: usize,
         load: &RunningLoad,
+        loads: &SeatlessLoads,
     ) -> u32 {
         let seats = (self.limits.max_num_seqs as usize).saturating_sub(num_running);
         match self.traits.admission {
             AdmissionRule::AnswerKvReserve => {}
             AdmissionRule::VirtualBatch => {
-                return self.virtual_batch_admissible(waiting, order, seats, num_running, load)
+                let admitted = self.virtual_batch_admissible(waiting, order, seats, num_running, load);
+                return self.with_seatless_loads(waiting, order, admitted, loads);
             }
             // Stock vLLM's admission: whatever its KV check lets in.
-            AdmissionRule::Vllm => return order.len().min(seats) as u32,
+            AdmissionRule::Vllm => {
+                return self.with_seatless_loads(waiting, order, order.len().min(seats) as u32, loads)
+            }
         }
         let mut blocks_left = u64::from(num_free_blocks.saturating_sub(num_reserved_blocks));
         let block_size = u64::from(self.limits.block_size);
         let tpot_guard = self.config.overload.tpot_guard;
         let headroom = self.config.tpot_headroom;
         let (mut shape, mut tpot_ms) = (load.decodes(), load.any_tpot_ms);
+        let (mut seated, mut loads_left) = (0usize, loads.left);
+        let mut seats_open = seats > 0;
         let mut admitted = 0usize;
         let mut passed_over: Vec<usize> = Vec::new();
         for (position, &i) in order.iter().enumerate() {
-            if admitted == seats {
+            if !seats_open && loads_left == 0 {
                 break;
             }
             let r = self.hot(waiting[i as usize]);
             if r.shed {
                 break; // shed requests are last: nothing after them is admitted either
+            }
+            let seatless = loads.takes_no_seat(i, r);
+            if (seatless && loads_left == 0) || (!seatless && !seats_open) {
+                passed_over.push(position);
+                continue;
             }
             // One block more than the tokens need: the first decode step must fit too. A request
             // whose KV is arriving holds its blocks already.
@@ -269,35 +331,67 @@ impl Meridian {
                 passed_over.push(position);
                 continue;
             }
-            if tpot_guard {
+            if tpot_guard && !seatless {
                 // SCORPIO's virtual batch size: the decode step with it must still meet the
-                // tightest answer TPOT target among the batch.
+                // tightest answer TPOT target among the batch (a load decodes nothing yet).
                 shape.num_decode_requests += 1;
                 shape.num_context_tokens += u64::from(r.num_tokens);
                 tpot_ms = tpot_ms.min(self.targets(r.class).answer_tpot_ms);
                 if self.step_model.predict_ms(shape) > tpot_ms * headroom {
-                    break;
+                    seats_open = false;
+                    passed_over.push(position);
+                    continue;
                 }
             }
             blocks_left -= need;
             admitted += 1;
-        }
-        if admitted > 0 && !passed_over.is_empty() {
-            // The admitted ones first, in their order; the passed-over ones right behind them.
-            let last = passed_over.len() + admitted;
-            let (mut head, mut behind) = (Vec::with_capacity(last), Vec::with_capacity(passed_over.len()));
-            for (position, &i) in order[..last].iter().enumerate() {
-                if passed_over.binary_search(&position).is_ok() {
-                    behind.push(i)
-                } else {
-                    head.push(i)
-                }
+            if seatless {
+                loads_left -= 1;
+            } else {
+                seated += 1;
+                seats_open = seated < seats;
             }
-            head.extend(behind);
-            order[..last].copy_from_slice(&head);
         }
+        admitted_first(order, &passed_over, admitted);
         let admissible = order.iter().take_while(|&&i| !self.hot(waiting[i as usize]).shed).count();
         at_least_one_when_idle(admitted as u32, num_running, admissible, seats)
+    }
+
+    /// A rule that admits by seats alone (vLLM's own, SCORPIO's virtual batch) with vLLM 0.34's
+    /// async KV-load queue: behind the `admitted` head of `order`, requests of that queue start
+    /// their loads without a seat, up to the cap, moved right behind the head (vLLM's KV check
+    /// still applies to them).
+    fn with_seatless_loads(
+        &self,
+        waiting: &[ReqHandle],
+        order: &mut [u32],
+        admitted: u32,
+        loads: &SeatlessLoads,
+    ) -> u32 {
+        if loads.left == 0 {
+            return admitted;
+        }
+        let head = admitted as usize;
+        let mut loads_left = loads.left;
+        let mut passed_over = Vec::new();
+        let mut num_loads = 0usize;
+        for (offset, &i) in order[head..].iter().enumerate() {
+            if loads_left == 0 {
+                break;
+            }
+            let r = self.hot(waiting[i as usize]);
+            if r.shed {
+                break;
+            }
+            if loads.takes_no_seat(i, r) {
+                loads_left -= 1;
+                num_loads += 1;
+            } else {
+                passed_over.push(offset);
+            }
+        }
+        admitted_first(&mut order[head..], &passed_over, num_loads);
+        admitted + num_loads as u32
     }
 
     /// SCORPIO's TPOT guard (virtual batch size): admit from the head of `order` while the decode
@@ -378,5 +472,155 @@ impl Meridian {
             })
             .map(|(i, _)| i as u32)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use crate::config::Config;
+    use crate::{AsyncKvLoads, EngineLimits, KvHandoff, Meridian, NewRequest, ReasoningMarkers, ReqHandle};
+
+    /// Two classes (`fast` ranks first), queueing under overload, a step model without a fit.
+    const CLASSES: &str = r#"{"classes": {
+        "fast": {"ttft_ms": 60000, "ttfat_ms": 600000, "answer_tpot_ms": 1000, "rank": 0, "on_overload": "queue"},
+        "slow": {"ttft_ms": 600000, "ttfat_ms": 6000000, "answer_tpot_ms": 1000, "rank": 1, "on_overload": "queue"}},
+        "default_class": "slow", "step_time": {"online_fit": false}}"#;
+
+    fn core(max_num_seqs: u32, cap: Option<u32>) -> Meridian {
+        let limits =
+            EngineLimits { max_num_inflight_kv_loads: cap, ..EngineLimits::new(16, 2048, max_num_seqs) };
+        let markers = ReasoningMarkers::new(vec![1], vec![2], vec![]);
+        Meridian::new(Config::from_json(CLASSES).unwrap(), limits, markers).unwrap()
+    }
+
+    fn add(core: &mut Meridian, req_id: &str, class: &str, receives: bool) -> ReqHandle {
+        let prompt = vec![7u32; 31]; // two blocks with its first decode
+        let new = NewRequest {
+            req_id,
+            arrival_ms: 0.0,
+            prompt_token_ids: &prompt,
+            max_tokens: 64,
+            slo_class: Some(class),
+            priority: 0,
+            waited_ms: 0.0,
+        };
+        let handle = core.add_request(new).unwrap().0;
+        if receives {
+            core.set_kv_handoff(handle, KvHandoff::Receives).unwrap();
+        }
+        handle
+    }
+
+    /// `num_running` requests holding every seat, and a waiting list of plain requests followed by
+    /// the async KV-load queue's.
+    fn full_engine(
+        cap: Option<u32>,
+        plain: usize,
+        loads: usize,
+    ) -> (Meridian, Vec<ReqHandle>, Vec<ReqHandle>) {
+        let mut core = core(2, cap);
+        let running: Vec<_> = (0..2).map(|i| add(&mut core, &format!("run{i}"), "slow", false)).collect();
+        let mut waiting: Vec<_> =
+            (0..plain).map(|i| add(&mut core, &format!("w{i}"), "fast", false)).collect();
+        waiting.extend((0..loads).map(|i| add(&mut core, &format!("a{i}"), "slow", true)));
+        (core, running, waiting)
+    }
+
+    #[test]
+    fn with_every_seat_taken_async_loads_start_up_to_the_cap_and_move_to_the_head() {
+        let (mut core, running, waiting) = full_engine(Some(2), 1, 3);
+        let loads = AsyncKvLoads { num_waiting: 3, num_inflight: 0 };
+        let plan = core.plan_step_with_async_loads(10.0, &running, &waiting, 1000, loads).unwrap();
+        assert_eq!(plan.num_admissible, 2, "two loads under the cap of 2; the plain request has no seat");
+        assert_eq!(plan.waiting_order, vec![1, 2, 0, 3], "the admitted loads first, in their order");
+        let loads = AsyncKvLoads { num_waiting: 3, num_inflight: 1 };
+        let plan = core.plan_step_with_async_loads(11.0, &running, &waiting, 1000, loads).unwrap();
+        assert_eq!(plan.num_admissible, 1, "one load already holds blocks");
+        let loads = AsyncKvLoads { num_waiting: 3, num_inflight: 5 };
+        let plan = core.plan_step_with_async_loads(12.0, &running, &waiting, 1000, loads).unwrap();
+        assert_eq!(plan.num_admissible, 0, "past the cap (vLLM's count may exceed it after aborts)");
+    }
+
+    #[test]
+    fn without_the_cap_the_async_queue_takes_seats_like_any_request() {
+        let (mut core, running, waiting) = full_engine(None, 1, 3);
+        let loads = AsyncKvLoads { num_waiting: 3, num_inflight: 0 };
+        let plan = core.plan_step_with_async_loads(10.0, &running, &waiting, 1000, loads).unwrap();
+        assert_eq!(plan.num_admissible, 0);
+        let plain = core.plan_step(10.0, &running, &waiting, 1000).unwrap();
+        assert_eq!((plan.waiting_order, plan.num_admissible), (plain.waiting_order, plain.num_admissible));
+    }
+
+    #[test]
+    fn the_queues_are_ordered_together_by_class_and_a_load_takes_no_seat() {
+        // One free seat: the fast class's plain request takes it, the slow class's load starts
+        // beside it; a second plain request has no seat left.
+        let mut core = core(3, Some(4));
+        let running = vec![add(&mut core, "run0", "slow", false), add(&mut core, "run1", "slow", false)];
+        let load = add(&mut core, "a0", "slow", true);
+        let fast = add(&mut core, "w0", "fast", false);
+        let slow = add(&mut core, "w1", "slow", false);
+        let waiting = [fast, slow, load];
+        let loads = AsyncKvLoads { num_waiting: 1, num_inflight: 0 };
+        let plan = core.plan_step_with_async_loads(10.0, &running, &waiting, 1000, loads).unwrap();
+        assert_eq!(plan.num_admissible, 2);
+        assert_eq!(plan.waiting_order[0], 0, "the fast class goes first");
+        assert_eq!(plan.waiting_order[1], 2, "the load, which needs no seat, is admitted next");
+    }
+
+    #[test]
+    fn a_load_needs_its_blocks_under_the_answer_reserve() {
+        let (mut core, running, waiting) = full_engine(Some(4), 0, 2);
+        let loads = AsyncKvLoads { num_waiting: 2, num_inflight: 0 };
+        let plan = core.plan_step_with_async_loads(10.0, &running, &waiting, 3, loads).unwrap();
+        assert_eq!(plan.num_admissible, 1, "3 free blocks hold one two-block load, not two");
+    }
+
+    #[test]
+    fn a_queue_longer_than_the_waiting_list_is_named() {
+        let (mut core, running, waiting) = full_engine(Some(2), 1, 1);
+        let loads = AsyncKvLoads { num_waiting: 3, num_inflight: 0 };
+        let err = core.plan_step_with_async_loads(10.0, &running, &waiting, 1000, loads).unwrap_err();
+        assert!(err.to_string().contains("num_async_waiting"), "{err}");
+        let limits = EngineLimits { max_num_inflight_kv_loads: Some(0), ..EngineLimits::new(16, 2048, 2) };
+        let err = Meridian::new(Config::default(), limits, ReasoningMarkers::new(vec![], vec![], vec![]))
+            .unwrap_err();
+        assert!(err.to_string().contains("max_num_inflight_kv_loads"), "{err}");
+    }
+
+    proptest! {
+        /// Whatever the mix: seat-taking admissions stay within the free seats, loads within the
+        /// cap's room, the admitted requests lead the order, and the order is a permutation.
+        #[test]
+        fn admissions_respect_seats_and_the_cap(
+            num_running in 0usize..4, plain in 0usize..5, loads in 0usize..5,
+            cap in proptest::option::of(1u32..4), inflight in 0u32..4, free_blocks in 0u32..40,
+        ) {
+            let mut core = core(3, cap);
+            let running: Vec<_> = (0..num_running.min(3)).map(|i| add(&mut core, &format!("r{i}"), "slow", false)).collect();
+            let mut waiting: Vec<_> = (0..plain).map(|i| add(&mut core, &format!("w{i}"), "fast", false)).collect();
+            waiting.extend((0..loads).map(|i| add(&mut core, &format!("a{i}"), "slow", true)));
+            let async_loads = AsyncKvLoads { num_waiting: loads, num_inflight: inflight };
+            let plan = core.plan_step_with_async_loads(10.0, &running, &waiting, free_blocks, async_loads).unwrap();
+            let mut sorted = plan.waiting_order.clone();
+            sorted.sort_unstable();
+            prop_assert_eq!(sorted, (0..waiting.len() as u32).collect::<Vec<_>>());
+            let admitted = &plan.waiting_order[..plan.num_admissible as usize];
+            let first_load = plain as u32;
+            let num_loads = admitted.iter().filter(|&&i| i >= first_load).count() as u32;
+            let num_seated = admitted.len() as u32 - num_loads;
+            let seats = 3 - running.len() as u32;
+            match cap {
+                Some(cap) => {
+                    prop_assert!(num_seated <= seats);
+                    if !running.is_empty() {
+                        prop_assert!(num_loads <= cap.saturating_sub(inflight));
+                    }
+                }
+                None => prop_assert!(admitted.len() as u32 <= seats),
+            }
+        }
     }
 }

@@ -540,7 +540,7 @@ impl StateMachineTest for Sut {
                 return None;
             }
         };
-        let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 2048, max_num_seqs: 64 };
+        let limits = EngineLimits::new(16, 2048, 64);
         let markers = ReasoningMarkers::new(vec![THINK], vec![END], vec![vec![TOOL]]);
         let mut core = Meridian::new(config, limits, markers).expect("a valid configuration builds");
         let tier = core.add_kv_tier("host", true).expect("a tier");

@@ -11,7 +11,7 @@ const TOOL: u32 = 3;
 const WORD: u32 = 100;
 
 fn limits() -> EngineLimits {
-    EngineLimits { block_size: 16, max_num_batched_tokens: 8192, max_num_seqs: 256 }
+    EngineLimits::new(16, 8192, 256)
 }
 
 fn engine_with(config: Config) -> Meridian {
@@ -1022,7 +1022,7 @@ fn the_tail_and_predictor_keys_are_validated() {
 }
 
 fn engine_with_seats(config: &str, max_num_seqs: u32) -> Meridian {
-    let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 8192, max_num_seqs };
+    let limits = EngineLimits::new(16, 8192, max_num_seqs);
     let markers = ReasoningMarkers::new(vec![THINK], vec![END], vec![vec![TOOL]]);
     Meridian::new(Config::from_json(config).unwrap(), limits, markers).unwrap()
 }

@@ -146,7 +146,7 @@ pub(super) mod tests {
 
     /// A core with 16-token blocks, markers 1 (start) and 2 (end), and `config`.
     pub(in crate::scheduler) fn core(config: &str) -> Meridian {
-        let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 2048, max_num_seqs: 64 };
+        let limits = EngineLimits::new(16, 2048, 64);
         Meridian::new(
             Config::from_json(config).unwrap(),
             limits,
@@ -251,7 +251,7 @@ pub(super) mod tests {
 
     fn core_with_restore(mode: &str, config: &str) -> Result<Meridian, crate::Error> {
         let config = config.replacen(r#""kv_tier": {"#, &format!(r#""kv_tier": {{"restore": "{mode}", "#), 1);
-        let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 2048, max_num_seqs: 64 };
+        let limits = EngineLimits::new(16, 2048, 64);
         Meridian::new(Config::from_json(&config)?, limits, ReasoningMarkers::new(vec![1], vec![2], vec![]))
     }
 
@@ -273,7 +273,7 @@ pub(super) mod tests {
     #[test]
     fn prefetch_looks_ahead_of_admission_once_per_request_and_only_with_a_staged_tier() {
         // Two seats: two requests are admitted each plan, the next four are prefetched.
-        let limits = EngineLimits { block_size: 16, max_num_batched_tokens: 2048, max_num_seqs: 2 };
+        let limits = EngineLimits::new(16, 2048, 2);
         let new_core = || {
             Meridian::new(
                 Config::from_json("{}").unwrap(),

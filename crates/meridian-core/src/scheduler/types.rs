@@ -38,16 +38,27 @@ pub struct EngineLimits {
     pub block_size: u32,
     /// vLLM's `max_num_batched_tokens`: the budget never exceeds it.
     pub max_num_batched_tokens: u32,
-    /// vLLM's `max_num_seqs`: admission never exceeds it.
+    /// The requests vLLM admits into its running list (`max_num_seqs`, or the lower
+    /// `max_num_active_seqs`): admission never exceeds it.
     pub max_num_seqs: u32,
+    /// vLLM's `max_num_inflight_kv_loads` (0.34): requests in its async KV-load queue start their
+    /// load without a running seat, at most this many holding blocks for a load at once. `None`:
+    /// every admission takes a seat.
+    pub max_num_inflight_kv_loads: Option<u32>,
 }
 
 impl EngineLimits {
+    /// Limits without an async KV-load queue.
+    pub fn new(block_size: u32, max_num_batched_tokens: u32, max_num_seqs: u32) -> Self {
+        Self { block_size, max_num_batched_tokens, max_num_seqs, max_num_inflight_kv_loads: None }
+    }
+
     pub(super) fn validate(self) -> Result<Self> {
         for (name, value) in [
             ("block_size", self.block_size),
             ("max_num_batched_tokens", self.max_num_batched_tokens),
             ("max_num_seqs", self.max_num_seqs),
+            ("max_num_inflight_kv_loads", self.max_num_inflight_kv_loads.unwrap_or(1)),
         ] {
             if value == 0 {
                 return Err(Error::argument(name, value, "must be at least 1"));
@@ -55,6 +66,19 @@ impl EngineLimits {
         }
         Ok(self)
     }
+}
+
+/// What a plan needs of vLLM 0.34's async KV-load queue (`async_kv_waiting`, on with
+/// `--max-num-inflight-kv-loads`): which waiting requests are in it and how many loads hold
+/// blocks now. Such a request starts its KV load without a running seat (it takes one once its
+/// KV has arrived), so the plan may admit it while every seat is taken, within the cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AsyncKvLoads {
+    /// How many of the plan's `waiting` handles, at its end, are in vLLM's async KV-load queue.
+    pub num_waiting: usize,
+    /// Requests holding blocks for an async load now (loads in flight, or arrived and waiting
+    /// for a seat): what vLLM counts against the cap.
+    pub num_inflight: u32,
 }
 
 /// A request as vLLM's `add_request` sees it, reduced to plain values.
