@@ -198,26 +198,27 @@ def _without_metrics(additional_config: dict[str, Any]) -> dict[str, Any]:
     return {**additional_config, CONFIG_KEY: {"metrics": False, **block, "overload": overload}}
 
 
+def kv_cache_config_for(spec: EngineSpec) -> Any:
+    """vLLM's ``KVCacheConfig`` of an offline engine: ``spec.num_blocks`` blocks of one
+    full-attention group."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    attention = FullAttentionSpec(
+        block_size=spec.block_size, num_kv_heads=_KV_NUM_HEADS, head_size=_KV_HEAD_SIZE, dtype=torch.float32
+    )
+    return KVCacheConfig(
+        num_blocks=spec.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], attention)]
+    )
+
+
 def build_scheduler(scheduler_cls: type[Any], spec: EngineSpec) -> Any:
     """Builds ``scheduler_cls`` the way ``EngineCore`` does, with ``spec.num_blocks`` KV blocks."""
-    import torch
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     vllm_config = vllm_config_for(spec)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=spec.num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"],
-                FullAttentionSpec(
-                    block_size=spec.block_size, num_kv_heads=_KV_NUM_HEADS, head_size=_KV_HEAD_SIZE, dtype=torch.float32
-                ),
-            )
-        ],
-    )
+    kv_cache_config = kv_cache_config_for(spec)
     vllm_config.cache_config.num_gpu_blocks = spec.num_blocks
     register_all_kvcache_specs(vllm_config)
     return scheduler_cls(
@@ -523,6 +524,39 @@ def scripted_request(
 
 
 # ---- what a run records ------------------------------------------------------------------------
+
+
+def vllm_request(offline: OfflineRequest, block_size: int) -> Any:
+    """The vLLM ``Request`` the engine's frontend would make of ``offline`` (greedy, its class and
+    hand-off parameters in ``extra_args``)."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    from meridian.vllm.names import CLASS_ARG, WAITED_ARG
+
+    init_none_hash(sha256)
+    extra: dict[str, Any] = {CLASS_ARG: offline.slo_class} if offline.slo_class is not None else {}
+    if offline.reports_wait and offline.waited_ms > 0:
+        extra[WAITED_ARG] = offline.waited_ms
+    if offline.kv_transfer_params is not None:
+        # vLLM's connector marks the dict as it goes (``do_remote_prefill`` turns off): a copy.
+        extra["kv_transfer_params"] = dict(offline.kv_transfer_params)
+    params = SamplingParams(max_tokens=offline.max_tokens, temperature=0.0, extra_args=extra or None)
+    params.update_from_generation_config({}, EOS)
+    return Request(
+        request_id=offline.req_id,
+        prompt_token_ids=list(offline.prompt_token_ids),
+        sampling_params=params,
+        pooling_params=None,
+        # vLLM's frontend stamps the arrival when the request reaches the server; the engine core
+        # sees it only at its next step boundary, so deadlines run from the trace's arrival, as
+        # the replay's metrics do.
+        arrival_time=offline.arrival_ms / 1000.0,
+        priority=offline.priority,
+        block_hasher=get_request_block_hasher(block_size, sha256),
+    )
 
 
 @dataclass
@@ -944,13 +978,6 @@ class OfflineEngine:
     # ---- requests -------------------------------------------------------------------------
 
     def _add(self, offline: OfflineRequest) -> None:
-        from vllm import SamplingParams
-        from vllm.utils.hashing import sha256
-        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-        from vllm.v1.request import Request
-
-        from meridian.vllm.names import CLASS_ARG, WAITED_ARG
-
         known_class = offline.slo_class if offline.slo_class in self._observer_classes else None
         handle, slo_class = self.observer.add_request(
             offline.req_id,
@@ -984,27 +1011,7 @@ class OfflineEngine:
             self.result.num_refused += 1
             self._finished(offline.req_id)
             return
-        init_none_hash(sha256)
-        extra: dict[str, Any] = {CLASS_ARG: offline.slo_class} if offline.slo_class is not None else {}
-        if offline.reports_wait and offline.waited_ms > 0:
-            extra[WAITED_ARG] = offline.waited_ms
-        if offline.kv_transfer_params is not None:
-            # vLLM's connector marks the dict as it goes (``do_remote_prefill`` turns off): a copy.
-            extra["kv_transfer_params"] = dict(offline.kv_transfer_params)
-        params = SamplingParams(max_tokens=offline.max_tokens, temperature=0.0, extra_args=extra or None)
-        params.update_from_generation_config({}, EOS)
-        request = Request(
-            request_id=offline.req_id,
-            prompt_token_ids=list(offline.prompt_token_ids),
-            sampling_params=params,
-            pooling_params=None,
-            # vLLM's frontend stamps the arrival when the request reaches the server; the
-            # engine core sees it only at its next step boundary (now), so deadlines run from
-            # the trace's arrival, as the replay's metrics do.
-            arrival_time=offline.arrival_ms / 1000.0,
-            priority=offline.priority,
-            block_hasher=get_request_block_hasher(self.scheduler.block_size, sha256),
-        )
+        request = vllm_request(offline, self.scheduler.block_size)
         self._live[offline.req_id] = (offline, timeline, handle)
         self.result.peak_in_flight = max(self.result.peak_in_flight, len(self._live))
         self.scheduler.add_request(request)

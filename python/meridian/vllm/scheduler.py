@@ -36,6 +36,7 @@ from meridian.vllm import convert  # noqa: E402
 from meridian.vllm.arrival import ArrivalPublisher  # noqa: E402
 from meridian.vllm.bus import SchedulerEndpoint  # noqa: E402
 from meridian.vllm.config import processor_configured, read_settings  # noqa: E402
+from meridian.vllm.knobs import check_scheduler_config  # noqa: E402
 from meridian.vllm.kvtier import TierHooks  # noqa: E402
 from meridian.vllm.metrics import MeridianMetrics, metrics_dir, served_model_name  # noqa: E402
 from meridian.vllm.names import REQ_ID_ARG, RESOLVED_CLASS_ARG  # noqa: E402
@@ -146,6 +147,7 @@ class MeridianScheduler(AsyncScheduler):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        check_scheduler_config(self.scheduler_config)
         settings = read_settings(self.vllm_config)
         config, markers = settings.config, settings.markers
         self.meridian_config = config
