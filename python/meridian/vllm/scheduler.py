@@ -464,8 +464,13 @@ class MeridianScheduler(AsyncScheduler):
         if not victims:
             return
         timestamp = time.monotonic()
+        # On a prefill instance (a connector that hands KV off, vLLM's `requires_kv_delivery`)
+        # a victim's in-flight output is dropped, as vLLM's own preemptions drop it — delivered, it
+        # would finish the request and hand off the blocks this preemption frees. On a decode
+        # instance with overlapping batches vLLM fences the free behind the step in flight, so the
+        # blocks come back (and the request they were freed for is admitted) one step later.
         for request in victims:
-            self._preempt_request(request, timestamp)
+            self._preempt_request(request, timestamp, drop_stale_output=self.requires_kv_delivery)
         self._meridian_waiting.defer(victims, num_admissible)
 
     def _record_preemptions(self, req_ids: Iterable[str]) -> None:
