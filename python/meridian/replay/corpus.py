@@ -44,10 +44,14 @@ from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
 from meridian.replay.arrivals import ServeGenArrivals, retime
 from meridian.replay.policies import (
+    CACHE_AWARE,
+    POLICIES,
     TUNED_VALVE,
     TUNED_VALVE_BASE,
+    PolicySpec,
     WorkloadMeans,
     best_queue_cap,
+    cache_aware_window_for,
     effective_seats,
     policy_spec,
     queue_cap_for,
@@ -353,6 +357,11 @@ class Job:
         }
         if self.queue_cap is not None:
             payload["queue_cap"] = self.queue_cap
+        if spec.cache_aware:
+            # The window it runs with (docs-sized on the scenario unless the name gives it).
+            payload["cache_aware_window"] = scenario_cache_aware_window(
+                self.scenario, spec, json.dumps(self.config(), sort_keys=True)
+            )
         if spec.vllm_policy != "fcfs":
             # vLLM's priority queue orders by arrival stamp, which now comes from the trace
             # (it was the step the engine added the request at); its FCFS queue never reads it.
@@ -384,6 +393,22 @@ def docs_queue_cap(s: Scenario, config_json: str) -> int:
     """The docs-sized valve cap of a scenario run with ``config_json`` (``queue_cap_for``: it
     depends on the profile, the requests' lengths and the tightest TTFT target, not the rate)."""
     return _scenario_valve(s, config_json)[1]
+
+
+def scenario_cache_aware_window(s: Scenario, spec: PolicySpec, config_json: str) -> int | None:
+    """The cache-aware window ``spec`` runs with on a scenario (``cache_aware_window_for``: its
+    own, else docs-sized from the profile, the requests' lengths and the tightest TTFT target,
+    not the rate)."""
+    if spec.cache_aware_window is not None or not spec.cache_aware:
+        return spec.cache_aware_window
+    return _scenario_docs_window(s, config_json)
+
+
+@functools.lru_cache(maxsize=64)
+def _scenario_docs_window(s: Scenario, config_json: str) -> int | None:
+    profile = Profile.load(s.profile)
+    offline = offline_requests(_scenario_requests_cached(s), profile, Config.from_json(config_json))
+    return cache_aware_window_for(POLICIES[CACHE_AWARE], offline, profile, json.loads(config_json))
 
 
 def scenario_cap_grid(s: Scenario, never_binds_at: int | None = None) -> list[int]:
@@ -431,6 +456,7 @@ def _result(summary: dict[str, Any]) -> dict[str, Any]:
         num_steps=summary["num_steps"],
         peak_in_flight=summary.get("peak_in_flight"),
         queue_cap=summary.get("queue_cap"),
+        **({"cache_aware_window": summary["cache_aware_window"]} if "cache_aware_window" in summary else {}),
         per_class={name: tails(c) for name, c in summary["per_class"].items()},
     )
     return out

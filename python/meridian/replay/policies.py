@@ -17,6 +17,12 @@ is the valve at the best cap of a grid, searched per workload and load (``queue_
 ``best_queue_cap``, then ``refined_queue_caps`` around the best) — an oracle no operator has,
 generous to the baseline.
 
+And stock FCFS comes with vLLM 0.34's cache-aware admission (``vllm-fcfs+cache-aware``:
+``--cache-aware-admission-window`` / ``--cache-aware-admission-threshold``; vLLM's own code on
+0.34, ``meridian.replay.cache_aware``'s port on 0.32 and 0.33), its window sized for the workload
+as vLLM's docs advise (``docs_sized_cache_aware_window``) or given (``vllm-fcfs+cache-aware=64``,
+``vllm-fcfs+cache-aware=64:0.3`` for window and threshold).
+
 Invariant: every policy replays through the very same engine loop and observer; only the
 scheduler, and for a valve the arrival gate in front of it, differ.
 """
@@ -42,6 +48,7 @@ from meridian.offline.engine import (
     build_scheduler,
 )
 from meridian.offline.tiny import EOS
+from meridian.replay.cache_aware import DEFAULT_THRESHOLD, cache_aware_scheduler, check_threshold, check_window
 from meridian.replay.profiles import Profile, StepBatch
 from meridian.vllm.names import CONFIG_KEY, POLICY_NAMES
 
@@ -61,6 +68,13 @@ class PolicySpec:
     #: The valve's cap; ``None``: sized for the workload as vLLM's docs advise
     #: (``docs_sized_queue_cap``).
     queue_cap: int | None = None
+    #: vLLM 0.34's cache-aware admission (stock FCFS only; ``meridian.replay.cache_aware``).
+    cache_aware: bool = False
+    #: Its window (``--cache-aware-admission-window``); ``None``: sized for the workload as vLLM's
+    #: docs advise (``docs_sized_cache_aware_window``).
+    cache_aware_window: int | None = None
+    #: Its KV usage threshold (``--cache-aware-admission-threshold``).
+    cache_aware_threshold: float = DEFAULT_THRESHOLD
 
     def __post_init__(self) -> None:
         if self.queue_cap is not None:
@@ -69,6 +83,16 @@ class PolicySpec:
                 raise ValueError(f"policy {self.name!r}: a queue cap ({self.queue_cap}) needs the valve")
         if self.valve and self.meridian_policy is not None:
             raise ValueError(f"policy {self.name!r}: the load valve is modelled for stock vLLM only")
+        if self.cache_aware_window is not None:
+            check_window(self.cache_aware_window)
+        check_threshold(self.cache_aware_threshold)
+        if (
+            self.cache_aware_window is not None or self.cache_aware_threshold != DEFAULT_THRESHOLD
+        ) and not self.cache_aware:
+            raise ValueError(f"policy {self.name!r}: a cache-aware window or threshold needs cache-aware admission")
+        if self.cache_aware and (self.meridian_policy is not None or self.vllm_policy != "fcfs" or self.valve):
+            # vLLM keeps the window only under its FCFS policy (Scheduler.__init__).
+            raise ValueError(f"policy {self.name!r}: cache-aware admission is modelled for stock vLLM FCFS only")
 
 
 def check_queue_cap(cap: object) -> int:
@@ -87,6 +111,8 @@ def _core_policy_descriptions() -> dict[str, str]:
 
 
 _core_descriptions = _core_policy_descriptions()
+#: Stock FCFS with vLLM 0.34's cache-aware admission at the docs-sized window.
+CACHE_AWARE = "vllm-fcfs+cache-aware"
 POLICIES: dict[str, PolicySpec] = {
     p.name: p
     for p in (
@@ -105,6 +131,14 @@ POLICIES: dict[str, PolicySpec] = {
             None,
             "priority",
             valve=True,
+        ),
+        PolicySpec(
+            CACHE_AWARE,
+            "stock vLLM FCFS with vLLM 0.34's cache-aware admission (--cache-aware-admission-window, "
+            "docs-sized; threshold 0.5)",
+            None,
+            "fcfs",
+            cache_aware=True,
         ),
         *(PolicySpec(name, _core_descriptions[name], name) for name in POLICY_NAMES),
     )
@@ -129,13 +163,58 @@ def with_queue_cap(spec: PolicySpec, cap: int) -> PolicySpec:
     return dataclasses.replace(spec, name=f"{base}={check_queue_cap(cap)}", queue_cap=cap)
 
 
+def with_cache_aware(spec: PolicySpec, window: int, threshold: float | None = None) -> PolicySpec:
+    """A cache-aware policy at an explicit window (and threshold), named
+    ``<policy>=<window>`` or ``<policy>=<window>:<threshold>`` (e.g. ``vllm-fcfs+cache-aware=64``)."""
+    if not spec.cache_aware:
+        raise ValueError(f"policy {spec.name!r} has no cache-aware admission (it has: {CACHE_AWARE})")
+    threshold = spec.cache_aware_threshold if threshold is None else check_threshold(threshold)
+    base = spec.name.partition("=")[0]
+    suffix = "" if threshold == DEFAULT_THRESHOLD else f":{threshold:g}"
+    return dataclasses.replace(
+        spec,
+        name=f"{base}={check_window(window)}{suffix}",
+        description=f"stock vLLM FCFS with vLLM 0.34's cache-aware admission, window {window}, threshold {threshold:g}",
+        cache_aware_window=window,
+        cache_aware_threshold=threshold,
+    )
+
+
+def _cache_aware_spec(name: str, base: str, text: str) -> PolicySpec:
+    window_text, colon, threshold_text = text.partition(":")
+    try:
+        window = int(window_text)
+    except ValueError:
+        raise ValueError(
+            f"policy {name!r}: cache-aware window {window_text!r}: expected a whole number of waiting requests >= 0 "
+            "(vLLM's --cache-aware-admission-window)"
+        ) from None
+    threshold: float | None = None
+    if colon:
+        try:
+            threshold = float(threshold_text)
+        except ValueError:
+            raise ValueError(
+                f"policy {name!r}: cache-aware threshold {threshold_text!r}: expected a KV cache usage between 0 "
+                "and 1 (vLLM's --cache-aware-admission-threshold)"
+            ) from None
+    try:
+        return with_cache_aware(POLICIES[base], window, threshold)
+    except ValueError as exc:
+        raise ValueError(f"policy {name!r}: {exc}") from None
+
+
 def policy_spec(name: str) -> PolicySpec:
-    """The policy called ``name`` — one of ``POLICIES``, or a valve policy at an explicit cap
-    (``vllm-fcfs+cap=96``) — or a ``ValueError`` naming what is wrong."""
+    """The policy called ``name`` — one of ``POLICIES``, a valve policy at an explicit cap
+    (``vllm-fcfs+cap=96``) or the cache-aware policy at an explicit window (and threshold:
+    ``vllm-fcfs+cache-aware=64``, ``vllm-fcfs+cache-aware=64:0.3``) — or a ``ValueError`` naming
+    what is wrong."""
     spec = POLICIES.get(name)
     if spec is not None:
         return spec
     base, eq, cap_text = name.partition("=")
+    if eq and base in POLICIES and POLICIES[base].cache_aware:
+        return _cache_aware_spec(name, base, cap_text)
     if eq and base in POLICIES and POLICIES[base].valve:
         try:
             return with_queue_cap(POLICIES[base], int(cap_text))
@@ -151,7 +230,8 @@ def policy_spec(name: str) -> PolicySpec:
         )
     raise ValueError(
         f"unknown policy {name!r}; known: {', '.join(POLICIES)}, {TUNED_VALVE} (the tuned valve), "
-        "or a valve policy at an explicit cap such as vllm-fcfs+cap=96"
+        f"a valve policy at an explicit cap such as vllm-fcfs+cap=96, or {CACHE_AWARE} at an explicit window "
+        f"such as {CACHE_AWARE}=64"
     )
 
 
@@ -163,7 +243,7 @@ def unvalved_policy(spec: PolicySpec) -> str:
     return next(
         name
         for name, p in POLICIES.items()
-        if not p.valve and p.meridian_policy is None and p.vllm_policy == spec.vllm_policy
+        if not p.valve and not p.cache_aware and p.meridian_policy is None and p.vllm_policy == spec.vllm_policy
     )
 
 
@@ -173,12 +253,18 @@ def check_policy_name(name: str) -> None:
         policy_spec(name)
 
 
-def scheduler_class(spec: PolicySpec) -> type[Any]:
-    """The vLLM scheduler class a policy runs."""
+def scheduler_class(spec: PolicySpec, cache_aware_window: int | None = None) -> type[Any]:
+    """The vLLM scheduler class a policy runs (a cache-aware policy's at its window: its own, else
+    ``cache_aware_window``, which a policy with a docs-sized window needs)."""
     if spec.meridian_policy is None:
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-        return AsyncScheduler
+        if not spec.cache_aware:
+            return AsyncScheduler
+        window = spec.cache_aware_window if spec.cache_aware_window is not None else cache_aware_window
+        if window is None:
+            raise ValueError(f"policy {spec.name!r}: its cache-aware window is sized for a workload; none given")
+        return cache_aware_scheduler(AsyncScheduler, window, spec.cache_aware_threshold)
     from meridian.vllm.scheduler import MeridianScheduler
 
     return MeridianScheduler
@@ -457,6 +543,71 @@ def queue_cap_for(
     )
 
 
+# ---- vLLM 0.34's cache-aware admission -----------------------------------------------------------
+
+
+def docs_sized_cache_aware_window(*, capacity_rps: float, min_ttft_target_ms: float) -> int:
+    """The cache-aware window as vLLM's docs advise (``SchedulerConfig.cache_aware_admission_window``:
+    "prefer the smallest window that spans the usual queue depth"), with the usual queue depth
+    an operator plans for without running anything — the one the docs-sized valve plans for
+    (``docs_sized_queue_cap``'s queue term): the requests that drain within the tightest TTFT
+    target at the engine's capacity, ``ceil(capacity_rps * min_ttft_target_s)``, at least 2 (the
+    reorder needs two requests to swap)."""
+    if not (math.isfinite(capacity_rps) and capacity_rps > 0):
+        raise ValueError(f"sizing a cache-aware window: capacity {capacity_rps!r} req/s must be a positive number")
+    if not (math.isfinite(min_ttft_target_ms) and min_ttft_target_ms > 0):
+        raise ValueError(
+            f"sizing a cache-aware window: TTFT target {min_ttft_target_ms!r} ms must be a positive number"
+        )
+    return max(2, math.ceil(capacity_rps * min_ttft_target_ms / 1000.0))
+
+
+def cache_aware_window_for(
+    spec: PolicySpec, requests: Sequence[OfflineRequest], profile: Profile, meridian_config: Mapping[str, Any]
+) -> int | None:
+    """The window a cache-aware policy runs with on this workload: its own, else docs-sized
+    (``docs_sized_cache_aware_window`` of ``valve_capacity_rps``); ``None`` for a policy without."""
+    if not spec.cache_aware:
+        return None
+    if spec.cache_aware_window is not None:
+        return spec.cache_aware_window
+    if not requests:
+        raise ValueError(
+            f"policy {spec.name!r} sizes its window for the workload, and none was given (an engine behind a "
+            f"router sees its requests one by one): give the window, e.g. {CACHE_AWARE}=64"
+        )
+    means = WorkloadMeans.of(requests, meridian_config)
+    return docs_sized_cache_aware_window(
+        capacity_rps=valve_capacity_rps(profile, means), min_ttft_target_ms=means.min_ttft_target_ms
+    )
+
+
+def with_sized_window(
+    spec: PolicySpec, requests: Sequence[OfflineRequest], profile: Profile, meridian_config: Mapping[str, Any]
+) -> PolicySpec:
+    """``spec`` with its docs-sized cache-aware window resolved on ``requests`` (its name kept),
+    for engines that see the workload one request at a time (a fleet's); ``spec`` itself when it
+    has no window to size."""
+    if not spec.cache_aware or spec.cache_aware_window is not None:
+        return spec
+    window = cache_aware_window_for(spec, requests, profile, meridian_config)
+    return dataclasses.replace(spec, cache_aware_window=window)
+
+
+def shared_first_blocks(requests: Sequence[OfflineRequest], block_size: int) -> int:
+    """Requests whose first KV block (``block_size`` prompt tokens, and at least one token after
+    it: vLLM recomputes a prompt's last token) some other request's prompt also starts with: the
+    requests a prefix cache can serve from another's blocks. With none, cache-aware admission
+    never moves anything (every waiting request's cached prefix is 0) and is FCFS exactly."""
+    firsts: dict[tuple[int, ...], int] = {}
+    for request in requests:
+        tokens = request.prompt_token_ids
+        if len(tokens) > block_size:
+            key = tuple(tokens[:block_size])
+            firsts[key] = firsts.get(key, 0) + 1
+    return sum(n for n in firsts.values() if n > 1)
+
+
 def effective_seats(profile: Profile, means: WorkloadMeans) -> int:
     """The requests that decode at once when the engine is full: ``max_num_seqs``, or fewer
     when the KV cache holds fewer requests at their mean mid-life size (prompt plus half the
@@ -517,6 +668,8 @@ class ReplayResult:
     run: EngineRun
     #: The valve's cap (``None``: no valve).
     queue_cap: int | None = None
+    #: The cache-aware admission window (``None``: none).
+    cache_aware_window: int | None = None
 
 
 def replay_engine(
@@ -544,8 +697,9 @@ def replay_engine(
     gate = chain_gates(
         LoadValve(cap) if cap is not None else None, MeridianAdmission.of(spec, meridian_config), arrival_gate
     )
+    window = cache_aware_window_for(spec, requests, profile, meridian_config)
     scheduler = build_scheduler(
-        scheduler_cls or scheduler_class(spec),
+        scheduler_cls or scheduler_class(spec, window),
         engine_spec(spec, profile, meridian_config, model_dir, host_tier, kv_role),
     )
     return engine_cls(
@@ -567,4 +721,10 @@ def replay_policy(
 ) -> ReplayResult:
     """Replays ``requests`` under one policy on ``profile`` (``options``: ``replay_engine``'s)."""
     run = replay_engine(spec, requests, profile, **options).run()
-    return ReplayResult(spec.name, run, queue_cap_for(spec, requests, profile, options["meridian_config"]))
+    config = options["meridian_config"]
+    return ReplayResult(
+        spec.name,
+        run,
+        queue_cap_for(spec, requests, profile, config),
+        cache_aware_window_for(spec, requests, profile, config),
+    )

@@ -49,6 +49,8 @@ def summarize(result: ReplayResult) -> dict[str, Any]:
         for name in sorted({t.slo_class for t in timelines})
     }
     summary["first_minute"] = first_minute(timelines)
+    if result.cache_aware_window is not None:
+        summary["cache_aware_window"] = result.cache_aware_window
     summary.update(
         policy=result.policy,
         duration_s=duration_s,

@@ -43,6 +43,7 @@ from meridian.replay.policies import (
     replay_engine,
     replay_policy,
     with_queue_cap,
+    with_sized_window,
 )
 from meridian.replay.profiles import Profile
 from meridian.replay.report import PolicyRun, plot_cdfs, plot_load_sweep, policy_run, table, write_json
@@ -116,13 +117,14 @@ class ReplayOptions:
 
 #: The demo's replay part: a 25-second window of the bundled excerpt at 8 % of its arrival rate
 #: (enough load for queues to form: stock FCFS meets about two thirds of its targets), every
-#: scheduler (vLLM's load valve left out: the demo's timing and text were set without it);
+#: scheduler (vLLM's load valve and cache-aware admission left out: the demo's timing and text
+#: were set without them; the excerpt shares no prefixes, so the latter would be FCFS anyway);
 #: about 75 s of replay on two cores, under two minutes with vLLM's import.
 DEMO_OPTIONS = ReplayOptions(
     duration_s=25.0,
     rate_scales=(0.08,),
     progress=False,
-    policies=tuple(name for name, spec in POLICIES.items() if not spec.valve),
+    policies=tuple(name for name, spec in POLICIES.items() if not spec.valve and not spec.cache_aware),
 )
 
 
@@ -234,9 +236,13 @@ def _run_one(
         return policy_run(replay_policy(spec, offline, profile, **engine_options), rate_scale)
     from meridian.replay.fleet import Retries, Router, replay_fleet
 
+    # A window sized for the workload is sized on the whole of it: an engine sees its share one by one.
+    spec = with_sized_window(spec, offline, profile, meridian_config)
     engines = [replay_engine(spec, [], profile, **engine_options) for _ in range(num_engines)]
     run = replay_fleet(engines, offline, Router(router, num_engines, seed=0), Retries(attempts=attempts))
-    result = policy_run(ReplayResult(spec.name, run.client_run()), rate_scale)
+    result = policy_run(
+        ReplayResult(spec.name, run.client_run(), cache_aware_window=spec.cache_aware_window), rate_scale
+    )
     result.summary.update(
         fleet=num_engines, router=router, retries=run.num_retries, good_per_engine=result.summary["good"] / num_engines
     )
