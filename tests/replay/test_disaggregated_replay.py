@@ -41,10 +41,10 @@ NUM_PROMPT_TOKENS = 64
 ONE_TO_ONE = Split(1, 1)
 
 
-def profile() -> Profile:
+def profile(max_num_seqs: int = 8) -> Profile:
     data: dict[str, Any] = {
         "name": "test-pd", "description": "10 ms steps + 1 ms per prompt token", "model": "linear",
-        "block_size": 16, "num_kv_blocks": 512, "max_num_seqs": 8, "max_num_batched_tokens": 512,
+        "block_size": 16, "num_kv_blocks": 512, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 512,
         "max_model_len": 4096, "base_ms": 10.0, "per_prefill_token_ms": 1.0, "per_decode_request_ms": 0.0,
         "per_context_token_ms": 0.0,
     }
@@ -158,3 +158,64 @@ def test_the_replay_runs_both_layouts_and_names_bad_flags(tmp_path: Path) -> Non
     ]:
         with pytest.raises(ValueError, match=message):
             run_replay(ReplayOptions(**{**base.__dict__, **changes}))
+
+
+#: Classes that queue rather than shed, so the order of the loads, not triage, decides.
+CAPPED_CONFIG: dict[str, Any] = {
+    **CONFIG,
+    "classes": {
+        "rush": {"ttft_ms": 2_000.0, "ttfat_ms": 60_000.0, "answer_tpot_ms": 100.0, "rank": 0, "on_overload": "queue"},
+        "calm": {"ttft_ms": 600_000.0, "ttfat_ms": 900_000.0, "answer_tpot_ms": 1000.0, "rank": 1,
+                 "on_overload": "queue"},
+    },
+}
+
+
+@pytest.mark.vllm
+def test_a_capped_decode_side_starts_loads_while_full_and_a_higher_class_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM 0.34's ``--max-num-inflight-kv-loads`` on the decode side (two seats, a cap of two): its
+    hand-offs start their loads while both seats are taken, never more than two hold blocks for a
+    load, every request completes; under Meridian the rush class's loads go before the calm
+    hand-offs that reached the decode side first (a stock FCFS prefill side hands them over in
+    arrival order), so the rush class's first tokens come sooner than under stock vLLM there."""
+    from vllm.config import SchedulerConfig
+
+    seats_profile = profile(max_num_seqs=2)
+    if "max_num_inflight_kv_loads" not in SchedulerConfig.__dataclass_fields__:
+        with pytest.raises(ValueError, match="max_num_inflight_kv_loads=2: this vLLM has no async KV-load queue"):
+            replay_engine(policy_spec("meridian"), [], seats_profile, meridian_config=CAPPED_CONFIG,
+                          model_dir=model_dir_for(seats_profile, tmp_path), kv_role="kv_consumer",
+                          max_num_inflight_kv_loads=2)
+        pytest.skip("vLLM before 0.34 has no async KV-load queue (refused by name, above)")
+    rush_ttft: dict[str, float] = {}
+    for policy in ("vllm-fcfs/vllm-fcfs", "vllm-fcfs/meridian"):
+        prefill_name, decode_name = split_policy(policy)
+        model_dir = model_dir_for(seats_profile, tmp_path)
+        cost = TransferCost(0.5, 1.0)
+        prefill = [replay_engine(policy_spec(prefill_name), [], seats_profile, meridian_config=CAPPED_CONFIG,
+                                 model_dir=model_dir, kv_role="kv_producer", transfer_cost=cost)]
+        decode = [replay_engine(policy_spec(decode_name), [], seats_profile, meridian_config=CAPPED_CONFIG,
+                                model_dir=model_dir, kv_role="kv_consumer", transfer_cost=cost,
+                                max_num_inflight_kv_loads=2)]
+        scheduler = decode[0].scheduler
+        holding: list[tuple[int, int]] = []
+        schedule = scheduler.schedule
+
+        def counted(*args: Any, _schedule: Any = schedule, _scheduler: Any = scheduler) -> Any:
+            output = _schedule(*args)
+            counts = _scheduler._kv_fetch_counts
+            holding.append((counts["in_progress"] + counts["completed_waiting"], len(_scheduler.running)))
+            return output
+
+        monkeypatch.setattr(scheduler, "schedule", counted)
+        calm = [request(f"calm{i}", float(i), "calm", think=60) for i in range(8)]
+        rush = [request(f"rush{i}", 10.0 + i, "rush", think=60) for i in range(3)]
+        run = replay_disaggregated(prefill, decode, [*calm, *rush], Router("round_robin", 1), Router("round_robin", 1))
+        assert all(t.finish_reason == "stop" for t in run.outcomes.values()), run.outcomes
+        assert max(n for n, _ in holding) == 2, "the cap binds and holds"
+        assert any(n > 0 and running == 2 for n, running in holding), "loads start while both seats are taken"
+        rush_ttft[policy] = sum(run.outcomes[r.req_id].token_times_ms[0] - r.arrival_ms for r in rush) / len(rush)
+    # Measured: 2.64 s against 3.03 s.
+    assert rush_ttft["vllm-fcfs/meridian"] < 0.9 * rush_ttft["vllm-fcfs/vllm-fcfs"], rush_ttft

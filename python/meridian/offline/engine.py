@@ -104,6 +104,9 @@ class EngineSpec:
     #: ``kv_role``: ``kv_producer`` on a prefill instance, ``kv_consumer`` on a decode one);
     #: ``None``: no hand-off.
     kv_role: str | None = None
+    #: vLLM 0.34's ``--max-num-inflight-kv-loads`` (a decode instance's hand-offs start their KV
+    #: loads while every running seat is taken, at most this many at once); ``None``: off.
+    max_num_inflight_kv_loads: int | None = None
 
 
 #: The ``kv_role`` values of a hand-off's two sides.
@@ -159,6 +162,13 @@ def vllm_config_for(spec: EngineSpec, scheduler_cls: type[Any] | None = None) ->
 
     model_config = ModelConfig(model=str(spec.model_dir), max_model_len=spec.max_model_len, dtype="float32", seed=0)
     extra: dict[str, Any] = {"scheduler_cls": scheduler_cls} if scheduler_cls is not None else {}
+    if spec.max_num_inflight_kv_loads is not None:
+        if "max_num_inflight_kv_loads" not in SchedulerConfig.__dataclass_fields__:
+            raise ValueError(
+                f"max_num_inflight_kv_loads={spec.max_num_inflight_kv_loads}: this vLLM has no async KV-load queue "
+                "(vLLM 0.34 added --max-num-inflight-kv-loads)"
+            )
+        extra["max_num_inflight_kv_loads"] = spec.max_num_inflight_kv_loads
     scheduler_config = SchedulerConfig(
         max_num_seqs=spec.max_num_seqs,
         max_num_batched_tokens=spec.max_num_batched_tokens,

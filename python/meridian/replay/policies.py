@@ -330,9 +330,11 @@ def engine_spec(
     model_dir: Path,
     host_tier: HostTier | None = None,
     kv_role: str | None = None,
+    max_num_inflight_kv_loads: int | None = None,
 ) -> EngineSpec:
     """The vLLM engine a policy is replayed on: the profile's KV capacity and batch limits, and
-    the host tier if one is modelled, or its side of a prefill/decode hand-off (``kv_role``)."""
+    the host tier if one is modelled, or its side of a prefill/decode hand-off (``kv_role``; on a
+    decode side vLLM 0.34's async KV-load cap, ``max_num_inflight_kv_loads``)."""
     return EngineSpec(
         model_dir=model_dir,
         num_blocks=profile.num_kv_blocks,
@@ -345,6 +347,7 @@ def engine_spec(
         num_host_blocks=host_tier.num_blocks if host_tier is not None else 0,
         host_load_ms_per_token=host_tier.load_ms_per_token if host_tier is not None else 0.0,
         kv_role=kv_role,
+        max_num_inflight_kv_loads=max_num_inflight_kv_loads,
     )
 
 
@@ -427,9 +430,7 @@ def published_snapshot(engine: OfflineEngine) -> str | None:
     def handles(requests: Any) -> list[int]:
         return [h for r in requests if (h := getattr(r, HANDLE_ATTR, None)) is not None]
 
-    return core.arrival_snapshot(
-        engine.now_ms, handles(scheduler.running), handles((*scheduler.waiting, *scheduler.kv_holding_waiting))
-    )
+    return core.arrival_snapshot(engine.now_ms, handles(scheduler.running), handles(scheduler.queued_requests()))
 
 
 def chain_gates(*gates: ArrivalGate | None) -> ArrivalGate | None:
@@ -687,12 +688,14 @@ def replay_engine(
     arrival_gate: ArrivalGate | None = None,
     kv_role: str | None = None,
     transfer_cost: TransferCost | None = None,
+    max_num_inflight_kv_loads: int | None = None,
 ) -> OfflineEngine:
     """The engine that replays ``requests`` under one policy on ``profile``, ready to run.
     ``scheduler_cls`` replaces the policy's scheduler class (a subclass of it, say), and
     ``engine_cls`` the engine loop's class. ``arrival_gate`` is asked for each arriving request
     (after the policy's own valve, if it has one) whether to refuse it. ``kv_role`` puts the
-    engine on one side of a prefill/decode hand-off whose reads cost ``transfer_cost``."""
+    engine on one side of a prefill/decode hand-off whose reads cost ``transfer_cost`` (a decode
+    side may start its loads while its seats are full: ``max_num_inflight_kv_loads``, vLLM 0.34)."""
     cap = queue_cap_for(spec, requests, profile, meridian_config)
     gate = chain_gates(
         LoadValve(cap) if cap is not None else None, MeridianAdmission.of(spec, meridian_config), arrival_gate
@@ -700,7 +703,7 @@ def replay_engine(
     window = cache_aware_window_for(spec, requests, profile, meridian_config)
     scheduler = build_scheduler(
         scheduler_cls or scheduler_class(spec, window),
-        engine_spec(spec, profile, meridian_config, model_dir, host_tier, kv_role),
+        engine_spec(spec, profile, meridian_config, model_dir, host_tier, kv_role, max_num_inflight_kv_loads),
     )
     return engine_cls(
         scheduler,

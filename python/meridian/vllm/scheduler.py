@@ -221,6 +221,11 @@ class MeridianScheduler(AsyncScheduler):
         if not markers.end:
             logger.info("meridian: no --reasoning-parser; every request is scheduled as answering")
 
+    def queued_requests(self) -> list[Request]:
+        """Every request vLLM holds outside ``running``: the waiting queue, 0.34's async KV-load
+        queue, and the requests holding blocks for a KV load (the core's "waiting")."""
+        return [*self._waiting_queues.requests(), *self.kv_holding_waiting]
+
     def engine_load(self) -> tuple[dict[str, dict[str, int | float | None]], float]:
         """The core's ``engine_load`` over vLLM's running and waiting lists now: per class, the
         requests in each state, least slack and TTFAT headroom, expected remaining output; and the
@@ -228,7 +233,7 @@ class MeridianScheduler(AsyncScheduler):
         return self.meridian.engine_load(
             self.clock_ms(),
             _handles(self.running),
-            _handles((*self._waiting_queues.requests(), *self.kv_holding_waiting)),
+            _handles(self.queued_requests()),
         )
 
     @property
@@ -661,9 +666,7 @@ class MeridianScheduler(AsyncScheduler):
     def _publish_arrival(self, now_ms: float) -> None:
         # An engine that runs out of requests steps no more: its last snapshot must say so now.
         self._arrival.publish(
-            lambda: self.meridian.arrival_snapshot(
-                now_ms, _handles(self.running), _handles((*self._waiting_queues.requests(), *self.kv_holding_waiting))
-            ),
+            lambda: self.meridian.arrival_snapshot(now_ms, _handles(self.running), _handles(self.queued_requests())),
             force=not self.has_requests(),
         )
 
