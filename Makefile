@@ -66,10 +66,17 @@ test-vllm034: VLLM_RELEASE = 0.34.0
 
 .PHONY: test-vllm033 test-vllm034
 test-vllm033 test-vllm034: setup  ## The in-process layers (core binding, shim, offline engine, replay) against vLLM 0.33's / 0.34's Python
-	$(eval VLLM_DIR := .vllm-$(basename $(VLLM_RELEASE)))
-	@test -f $(VLLM_DIR)/vllm/__init__.py || $(UV) pip install --quiet --no-deps --python $(PY) --target $(VLLM_DIR) vllm==$(VLLM_RELEASE)
-	PYTHONPATH=$(abspath $(VLLM_DIR)) VLLM_TARGET_DEVICE=cpu $(PY) -c "import vllm; assert vllm.__version__ == '$(VLLM_RELEASE)', vllm.__version__; print('vLLM', vllm.__version__, 'from', vllm.__file__)"
-	PYTHONPATH=$(abspath $(VLLM_DIR)) VLLM_TARGET_DEVICE=cpu $(PYTEST) -n auto --dist worksteal -m "not engine_processes" tests --ignore=tests/live --ignore=tests/gpu
+	UV="$(UV)" $(PY) scripts/check_vllm.py $(VLLM_RELEASE) --only layers
+
+#: One vLLM release against Meridian (docs/vllm.md, "Checking a new vLLM release"): its wheel
+#: unpacked as for the passes above (the release .venv has, the CPU build, used as it is), the
+#: in-process layers on it, then vLLM's own scheduler tests of that release (from its sdist,
+#: cached in .cache/vllm-tests/) under vLLM's scheduler and under MeridianScheduler, every
+#: difference checked against tests/vllm_own/by_design.toml. Not part of make test.
+.PHONY: check-vllm
+check-vllm: setup  ## Check a vLLM release against Meridian: make check-vllm VERSION=x.y.z
+	@test -n "$(VERSION)" || { echo "usage: make check-vllm VERSION=x.y.z (a vLLM release on PyPI, e.g. 0.34.0)"; exit 2; }
+	UV="$(UV)" $(PY) scripts/check_vllm.py $(VERSION)
 
 .PHONY: bench
 bench: setup  ## Decision time (criterion) and the shim's per-step overhead against stock vLLM
