@@ -44,6 +44,7 @@ except ModuleNotFoundError:  # Python 3.10: the by-design file is read with the 
     tomllib = None  # type: ignore[assignment]
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 REPO = Path(__file__).resolve().parent.parent
@@ -62,7 +63,7 @@ INDEX = os.environ.get("UV_INDEX_URL") or os.environ.get("PIP_INDEX_URL") or "ht
 #: UMBP connector files (their transfer engines' packages are not installed here), and
 #: ``offloading_connector/test_scheduler.py``: it mocks the OffloadingConnector's manager and
 #: reconfigures the mock after the scheduler is built, while MeridianScheduler has wrapped that
-#: manager's methods on the instance (``TierHooks``), so on 0.34 115 of its 164 tests fail on the
+#: manager's methods on the instance (``TierHooks``), so on 0.34 115 of its 505 tests fail on the
 #: mock, not on Meridian, and it is 60 % of a run's time (``--files`` still runs it; the KV tier
 #: is the project's own tests' subject, ``tests/offline/test_kv_tier_data_path.py``). A release
 #: that lacks a file skips it, and the report names it.
@@ -365,7 +366,8 @@ def run_own(runs: list[OwnRun], jobs: int) -> None:
             own.exit_code, own.seconds = own.process.returncode, time.monotonic() - own.started
             active.remove(own)
             tail = own.log.read_text(errors="replace").strip().splitlines()[-1:]
-            console.print(f"vLLM's tests under {_label(own.name)}: {tail[0] if tail else '?'} ({own.seconds:.0f} s)")
+            last = tail[0] if tail else "?"
+            console.print(f"vLLM's tests under {_label(own.name)}: {last} ({own.seconds:.0f} s)", markup=False)
 
 
 def _label(name: str) -> str:
@@ -493,13 +495,20 @@ def compare(release: Release, runs: list[OwnRun], chosen: Sequence[str], files: 
     if both:
         console.print(f"{len(both)} fail under both (vLLM's tests that cannot run here), by reason:")
         for reason, n in Counter(vllm[t]["reason"] for t in both).most_common():
-            console.print(f"  {n:4d} × {reason}")
+            console.print(f"  {n:4d} × {reason}", markup=False)
 
     if found:
-        table = Table("test", "vLLM", "Meridian", "why (the failing side's first line)", "by design?", show_lines=True)
+        table = Table(show_lines=True)
+        # Whole node ids, folded rather than cut: the parameters are what tell cases apart.
+        table.add_column("test", overflow="fold", ratio=3)
+        table.add_column("vLLM", no_wrap=True)
+        table.add_column("Meridian", no_wrap=True)
+        table.add_column("why (the failing side's first line)", overflow="fold", ratio=4)
+        table.add_column("by design?", no_wrap=True)
         for d in found:
             mark = "[green]listed[/]" if d.test in matched else "[red]NOT LISTED[/]"
-            table.add_row(d.test, d.vllm, d.meridian, d.reason, mark)
+            # Node ids and reasons hold brackets, which rich would read as markup.
+            table.add_row(escape(d.test), d.vllm, d.meridian, escape(d.reason), mark)
         console.print(f"\n{len(found)} differences between vLLM's scheduler and MeridianScheduler:")
         console.print(table)
     else:
@@ -565,7 +574,7 @@ def main(argv: Iterable[str] | None = None) -> int:
             run_own(runs, max(1, args.jobs))
             own_ok = compare(release, runs, args.files, files)
     except CheckError as exc:
-        console.print(f"[red]check-vllm {release.version}: {exc}[/]")
+        console.print(f"[red]check-vllm {release.version}: {escape(str(exc))}[/]")
         return 1
     verdicts = []
     if args.only in (None, "layers"):
