@@ -4,7 +4,9 @@ optionally, each policy's capacity (DistServe's goodput: the highest rate at whi
 requests meet every target). See ``meridian.replay.corpus`` for how scenarios are built. The
 columns include vLLM's own load valve (``--max-num-queued-reqs``) in front of stock vLLM: at the
 cap vLLM's docs advise (``vllm-fcfs+cap``, ``vllm-priority+cap``) and at the best cap of a grid,
-searched per scenario and load (``vllm-fcfs+cap*``, an oracle: generous to the baseline).
+searched per scenario and load (``vllm-fcfs+cap*``, an oracle: generous to the baseline); and
+stock FCFS with vLLM 0.34's cache-aware admission (``vllm-fcfs+cache-aware``, its window sized
+as vLLM's docs advise; only Mooncake's scenarios share prefixes, so on the Azure ones it is FCFS).
 
 Results are cached under ``.cache/corpus/`` (keyed by everything that determines them, the core's
 build included), so a rerun only replays what changed; ``--no-cache`` replays everything. Virtual
@@ -33,15 +35,15 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 from meridian.replay.corpus import (  # noqa: E402
     LOAD_POINTS, Corpus, columns, leave_one_family_out, loads_of, make_corpus, plot, render, run_corpus,
 )
-from meridian.replay.policies import TUNED_VALVE  # noqa: E402
+from meridian.replay.policies import CACHE_AWARE, TUNED_VALVE  # noqa: E402
 from meridian.replay.report import write_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 #: The published baselines, vLLM's own load valve (docs-sized and tuned) and the product (the
 #: ablations answer_first and pascal are left out: the corpus measures what an operator would
 #: choose between).
-DEFAULT_POLICIES = ("vllm-fcfs", "vllm-priority", "vllm-fcfs+cap", "vllm-priority+cap", TUNED_VALVE, "uniboost",
-                    "scorpio", "meridian")
+DEFAULT_POLICIES = ("vllm-fcfs", "vllm-priority", "vllm-fcfs+cap", "vllm-priority+cap", TUNED_VALVE, CACHE_AWARE,
+                    "uniboost", "scorpio", "meridian")
 
 
 def variant(text: str) -> tuple[str, dict[str, object]]:

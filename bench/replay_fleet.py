@@ -9,8 +9,9 @@ point the same way?
 
 ``traces``: corpus scenarios (the public traces) at N engines, each engine at the scenario's
 FCFS-50 % rate on average (``--loads-from``) times ``--rate-factor``, ``--per-engine`` requests
-per engine: requests meeting every target per engine, stock vLLM and Meridian under each router,
-with and without retries.
+per engine: requests meeting every target per engine, stock vLLM (also with vLLM 0.34's
+cache-aware admission, its window docs-sized on the whole workload) and Meridian under each
+router, with and without retries (``--arms`` picks some).
 
     .venv/bin/python bench/replay_fleet.py live bench/results/fleet_ab_long_2026-12-06 \\
         --step-log bench/results/live_overload_servegen_long_2026-12-06/steps-1.5x-0-meridian.jsonl.gz --scale stock
@@ -34,7 +35,7 @@ from meridian._core import Config
 from meridian.demo.loadgen import LIVE_MODELS, live_profile, workload_trace
 from meridian.offline.engine import OfflineRequest, offline_environment
 from meridian.replay.fleet import Retries, Router, fleet_summary, replay_fleet
-from meridian.replay.policies import policy_spec, replay_engine
+from meridian.replay.policies import policy_spec, replay_engine, with_sized_window
 from meridian.replay.profiles import Profile, fit_profile
 from meridian.replay.workload import model_dir_for, offline_requests
 
@@ -52,6 +53,7 @@ LIVE_ARMS = {
 TRACE_ARMS = [
     ("stock rr", "vllm-fcfs", "round_robin", 3),
     ("stock least", "vllm-fcfs", "least_requests", 3),
+    ("stock cache-aware rr", "vllm-fcfs+cache-aware", "round_robin", 3),
     ("meridian rr", "meridian", "round_robin", 3),
     ("meridian rr, no retries", "meridian", "round_robin", 1),
     ("meridian least", "meridian", "least_requests", 3),
@@ -70,11 +72,16 @@ def scaled(profile: Profile, factor: float) -> Profile:
 def run_fleet(policy: str, router: str, attempts: int, requests: list[OfflineRequest], profile: Profile,
               config: dict[str, Any], num_engines: int, cache_dir: Path, seed: int = 0,
               batch_queue_size: int | None = None) -> dict[str, Any]:
-    spec = policy_spec(policy)
+    # vLLM's cache-aware window, docs-sized, is sized on the whole workload (each engine's share
+    # has the same means): an engine behind the router sees its requests one by one.
+    spec = with_sized_window(policy_spec(policy), requests, profile, config)
     engines = [replay_engine(spec, [], profile, meridian_config=config, model_dir=model_dir_for(profile, cache_dir),
                              batch_queue_size=batch_queue_size) for _ in range(num_engines)]
     run = replay_fleet(engines, requests, Router(router, num_engines, seed=seed), Retries(attempts=attempts))
-    return fleet_summary(run, policy)
+    summary = fleet_summary(run, policy)
+    if spec.cache_aware_window is not None:
+        summary["cache_aware_window"] = spec.cache_aware_window
+    return summary
 
 
 def live_mode(args: argparse.Namespace) -> int:
@@ -170,7 +177,7 @@ def traces_mode(args: argparse.Namespace) -> int:
                                         Config.from_json(json.dumps(config)))
             for label, policy, router, attempts in TRACE_ARMS:
                 key = f"{name} x{args.rate_factor:g} N={n} {label}"
-                if key in out:
+                if key in out or (args.arms and label not in args.arms):
                     continue
                 started = time.monotonic()
                 s = run_fleet(policy, router, attempts, requests, profile, config, n, args.cache_dir, seed=args.seed)
@@ -179,6 +186,7 @@ def traces_mode(args: argparse.Namespace) -> int:
                             "requests": len(requests), "good": s["good"], "good_per_engine": s["good_per_engine"],
                             "shed": s["shed"], "retries": s["retries"], "throughput_tok_s": s["throughput_tok_s"],
                             "per_class": {c: v["good"] for c, v in s["per_class"].items()},
+                            **({"cache_aware_window": s["cache_aware_window"]} if "cache_aware_window" in s else {}),
                             "wall_s": time.monotonic() - started}
                 print(f"{key:48s} good {s['good']:6d} ({s['good_per_engine']:.1f}/engine)  shed {s['shed']:5d}  "
                       f"retries {s['retries']:5d}  ({time.monotonic() - started:.0f} s)", flush=True)
@@ -203,6 +211,8 @@ def main() -> int:
                          "to build the queue the whole scenario builds)")
     tr.add_argument("--loads-from", type=Path, required=True, help="a corpus.json with the FCFS-50 %% rates")
     tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--arms", nargs="+", default=None,
+                    help=f"only these configurations (labels: {', '.join(a[0] for a in TRACE_ARMS)})")
     tr.add_argument("--out", type=Path, default=REPO / "bench" / "results" / f"replay_fleet_{time.strftime('%Y-%m-%d')}.json")
     args = parser.parse_args()
     offline_environment(args.cache_dir)
