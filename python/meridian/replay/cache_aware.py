@@ -15,7 +15,7 @@ into the slots they held; every other request in the window keeps its exact posi
 ``AsyncScheduler`` for the baseline, ``MeridianScheduler`` for the composition measurement) with
 the window on:
 
-- **vLLM 0.34 and later** (``NATIVE``): vLLM's own code. The subclass sets the two
+- **vLLM 0.34 and later** (``native()``): vLLM's own code. The subclass sets the two
   ``SchedulerConfig`` fields before vLLM's ``__init__`` reads them, which is what
   ``--cache-aware-admission-*`` do through ``EngineArgs``; nothing of the reorder is Python here.
   (``MeridianScheduler`` refuses those fields at start-up; ``mode="after-init"`` sets the window
@@ -59,6 +59,7 @@ number ≥ 0, threshold in [0, 1]) and names a bad one.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -142,7 +143,8 @@ def cache_aware_scheduler(
         raise ValueError(f"mode {mode!r}: this vLLM has no cache-aware admission of its own (0.34+ has): use the port")
     if mode == "port":
         # Right before AsyncScheduler in the MRO: its schedule() runs right before vLLM's own.
-        bases = (_CacheAwarePort,) if base is _async_scheduler() else (base, _CacheAwarePort)
+        port = _port_class()
+        bases = (port,) if base is _async_scheduler() else (base, port)
         return type(f"{base.__name__}CacheAwarePort", bases, settings)
     if mode == "fields":
         # First in the MRO: its __init__ sets the fields before vLLM's reads them.
@@ -217,139 +219,151 @@ def _async_scheduler() -> type[Any]:
     return AsyncScheduler
 
 
-class _CacheAwarePort(_async_scheduler()):  # type: ignore[misc]
-    """vLLM's ``AsyncScheduler`` with 0.34's cache-aware reorder ported (see the module docs).
-    Placed right before ``AsyncScheduler`` in a subclass's MRO, so its ``schedule()`` runs right
-    before vLLM's own."""
+@functools.cache
+def _port_class() -> type[Any]:
+    """The port as a class: built on first use, so importing this module loads no vLLM (the
+    layers' rule: outside ``meridian.vllm`` nothing imports vLLM when it is imported)."""
 
-    cache_aware_admission: CacheAwareAdmission
+    class _CacheAwarePort(_async_scheduler()):  # type: ignore[misc]
+        """vLLM's ``AsyncScheduler`` with 0.34's cache-aware reorder ported (see the module docs).
+        Placed right before ``AsyncScheduler`` in a subclass's MRO, so its ``schedule()`` runs right
+        before vLLM's own."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        from vllm.v1.core.sched.request_queue import SchedulingPolicy
+        cache_aware_admission: CacheAwareAdmission
 
-        # As 0.34's __init__: the window needs a prefix cache to consult, and a FCFS queue.
-        settings = self.cache_aware_admission
-        self._cache_aware_window_port = (
-            settings.window if self.policy == SchedulingPolicy.FCFS and self.cache_config.enable_prefix_caching else 0
-        )
-        self._cache_aware_threshold_port = settings.threshold
-        self._cache_aware_armed = False
-        self._cache_aware_preempted = False
-        #: Steps whose reorder moved a request, and steps it ran at ``schedule()``'s end (the
-        #: waiting loop never looked at the queue).
-        self.cache_aware_reorders = 0
-        self.cache_aware_late_reorders = 0
-        #: Steps that began with requests holding KV blocks waiting (difference 1 of the docs).
-        self.cache_aware_kv_holding_steps = 0
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            from vllm.v1.core.sched.request_queue import SchedulingPolicy
 
-    def schedule(self, throttle_prefills: bool = False) -> Any:
-        from vllm.v1.core.sched.interface import PauseState
-
-        if not self._cache_aware_window_port:
-            return super().schedule(throttle_prefills)
-        self._wrap_waiting_queue()
-        if self.kv_holding_waiting:
-            self.cache_aware_kv_holding_steps += 1
-        self._cache_aware_preempted = False
-        self._cache_aware_armed = not self._defers_prefills(throttle_prefills)
-        try:
-            output = super().schedule(throttle_prefills)
-        except BaseException:
+            # As 0.34's __init__: the window needs a prefix cache to consult, and a FCFS queue.
+            settings = self.cache_aware_admission
+            self._cache_aware_window_port = (
+                settings.window
+                if self.policy == SchedulingPolicy.FCFS and self.cache_config.enable_prefix_caching
+                else 0
+            )
+            self._cache_aware_threshold_port = settings.threshold
             self._cache_aware_armed = False
-            raise
-        if self._cache_aware_armed:
-            # The waiting loop never looked at the queue: 0.34 reorders all the same.
+            self._cache_aware_preempted = False
+            #: Steps whose reorder moved a request, and steps it ran at ``schedule()``'s end (the
+            #: waiting loop never looked at the queue).
+            self.cache_aware_reorders = 0
+            self.cache_aware_late_reorders = 0
+            #: Steps that began with requests holding KV blocks waiting (difference 1 of the docs).
+            self.cache_aware_kv_holding_steps = 0
+
+        def schedule(self, throttle_prefills: bool = False) -> Any:
+            from vllm.v1.core.sched.interface import PauseState
+
+            if not self._cache_aware_window_port:
+                return super().schedule(throttle_prefills)
+            self._wrap_waiting_queue()
+            if self.kv_holding_waiting:
+                self.cache_aware_kv_holding_steps += 1
+            self._cache_aware_preempted = False
+            self._cache_aware_armed = not self._defers_prefills(throttle_prefills)
+            try:
+                output = super().schedule(throttle_prefills)
+            except BaseException:
+                self._cache_aware_armed = False
+                raise
+            if self._cache_aware_armed:
+                # The waiting loop never looked at the queue: 0.34 reorders all the same.
+                self._cache_aware_armed = False
+                if not self._cache_aware_preempted and self._pause_state != PauseState.PAUSED_ALL:
+                    self.cache_aware_late_reorders += 1
+                    self._reorder_waiting_by_cached_prefix_port()
+            return output
+
+        def _preempt_request(self, *args: Any, **kwargs: Any) -> Any:
+            # 0.34 reorders only when the running loop preempted nothing (`not preempted_reqs`).
+            self._cache_aware_preempted = True
+            return super()._preempt_request(*args, **kwargs)
+
+        def _cache_aware_looked_at(self) -> None:
+            from vllm.v1.core.sched.interface import PauseState
+
+            if not self._cache_aware_armed:
+                return
             self._cache_aware_armed = False
             if not self._cache_aware_preempted and self._pause_state != PauseState.PAUSED_ALL:
-                self.cache_aware_late_reorders += 1
                 self._reorder_waiting_by_cached_prefix_port()
-        return output
 
-    def _preempt_request(self, *args: Any, **kwargs: Any) -> Any:
-        # 0.34 reorders only when the running loop preempted nothing (`not preempted_reqs`).
-        self._cache_aware_preempted = True
-        return super()._preempt_request(*args, **kwargs)
+        def _wrap_waiting_queue(self) -> None:
+            queue = self.waiting
+            if type(queue) in _LOOKING_CLASSES.values():
+                return
+            queue.__class__ = _looking_queue_class(type(queue))
+            queue._cache_aware_scheduler = self
 
-    def _cache_aware_looked_at(self) -> None:
-        from vllm.v1.core.sched.interface import PauseState
+        def _defers_prefills(self, throttle_prefills: bool) -> bool:
+            """0.34's ``defer_prefills`` at the top of ``schedule()``, from the same state: DP
+            throttling, and 0.34's local prefill cadence where the scheduler has it."""
+            decoding = any(not r.is_prefill_chunk for r in self.running)
+            capacity_bound = getattr(self, "prefill_capacity_bound", False)
+            if throttle_prefills and not capacity_bound and decoding:
+                return True
+            interval = getattr(self, "local_prefill_interval", 1)
+            return bool(
+                interval > 1
+                and not capacity_bound
+                and (self.num_executed_steps + 1) - self.last_prefill_step < interval
+                and decoding
+            )
 
-        if not self._cache_aware_armed:
-            return
-        self._cache_aware_armed = False
-        if not self._cache_aware_preempted and self._pause_state != PauseState.PAUSED_ALL:
-            self._reorder_waiting_by_cached_prefix_port()
+        def _num_cached_tokens(self, request: Any) -> int:
+            """0.34's ``KVCacheManager.get_num_cached_tokens``: a probe of the prefix cache that takes
+            no references, allocates nothing and emits no events."""
+            manager = self.kv_cache_manager
+            if not manager.prefix_cache_lookup_enabled(request):
+                return 0
+            # Mirrors `get_computed_blocks`: the last token is always recomputed.
+            _, num_computed_tokens, _ = manager.coordinator.find_longest_cache_hit(
+                request.block_hashes, request.num_tokens - 1
+            )
+            return int(num_computed_tokens)
 
-    def _wrap_waiting_queue(self) -> None:
-        queue = self.waiting
-        if type(queue) in _LOOKING_CLASSES.values():
-            return
-        queue.__class__ = _looking_queue_class(type(queue))
-        queue._cache_aware_scheduler = self
+        def _reorder_waiting_by_cached_prefix_port(self) -> None:
+            """vLLM 0.34's ``Scheduler._reorder_waiting_by_cached_prefix``, statement for statement:
+            move waiting requests with a cached prefix to the front of the window, confined to the
+            slots held by plain waiting requests."""
+            from vllm.v1.request import RequestStatus
 
-    def _defers_prefills(self, throttle_prefills: bool) -> bool:
-        """0.34's ``defer_prefills`` at the top of ``schedule()``, from the same state: DP
-        throttling, and 0.34's local prefill cadence where the scheduler has it."""
-        decoding = any(not r.is_prefill_chunk for r in self.running)
-        capacity_bound = getattr(self, "prefill_capacity_bound", False)
-        if throttle_prefills and not capacity_bound and decoding:
-            return True
-        interval = getattr(self, "local_prefill_interval", 1)
-        return bool(
-            interval > 1
-            and not capacity_bound
-            and (self.num_executed_steps + 1) - self.last_prefill_step < interval
-            and decoding
-        )
+            if len(self.waiting) < 2:
+                return
+            if self.kv_cache_manager.usage < self._cache_aware_threshold_port:
+                return
 
-    def _num_cached_tokens(self, request: Any) -> int:
-        """0.34's ``KVCacheManager.get_num_cached_tokens``: a probe of the prefix cache that takes
-        no references, allocates nothing and emits no events."""
-        manager = self.kv_cache_manager
-        if not manager.prefix_cache_lookup_enabled(request):
-            return 0
-        # Mirrors `get_computed_blocks`: the last token is always recomputed.
-        _, num_computed_tokens, _ = manager.coordinator.find_longest_cache_hit(
-            request.block_hashes, request.num_tokens - 1
-        )
-        return int(num_computed_tokens)
+            head = list(itertools.islice(self.waiting, self._cache_aware_window_port))
+            slots = [
+                i
+                for i, request in enumerate(head)
+                if request.status == RequestStatus.WAITING and not request.num_computed_tokens
+            ]
+            if len(slots) < 2:
+                return
 
-    def _reorder_waiting_by_cached_prefix_port(self) -> None:
-        """vLLM 0.34's ``Scheduler._reorder_waiting_by_cached_prefix``, statement for statement:
-        move waiting requests with a cached prefix to the front of the window, confined to the
-        slots held by plain waiting requests."""
-        from vllm.v1.request import RequestStatus
+            # Deepest cached prefix first, arrival order breaking ties.
+            cached = {i: self._num_cached_tokens(head[i]) for i in slots}
+            order = sorted(slots, key=lambda i: (-cached[i], i))
+            if order == slots:
+                return
+            self.cache_aware_reorders += 1
 
-        if len(self.waiting) < 2:
-            return
-        if self.kv_cache_manager.usage < self._cache_aware_threshold_port:
-            return
+            reordered = list(head)
+            for slot, source in zip(slots, order):
+                reordered[slot] = head[source]
+            # One pass to drop the whole window, then re-insert in the new order.
+            self.waiting.remove_requests(head)
+            for request in reversed(reordered):
+                self.waiting.prepend_request(request)
 
-        head = list(itertools.islice(self.waiting, self._cache_aware_window_port))
-        slots = [
-            i
-            for i, request in enumerate(head)
-            if request.status == RequestStatus.WAITING and not request.num_computed_tokens
-        ]
-        if len(slots) < 2:
-            return
-
-        # Deepest cached prefix first, arrival order breaking ties.
-        cached = {i: self._num_cached_tokens(head[i]) for i in slots}
-        order = sorted(slots, key=lambda i: (-cached[i], i))
-        if order == slots:
-            return
-        self.cache_aware_reorders += 1
-
-        reordered = list(head)
-        for slot, source in zip(slots, order):
-            reordered[slot] = head[source]
-        # One pass to drop the whole window, then re-insert in the new order.
-        self.waiting.remove_requests(head)
-        for request in reversed(reordered):
-            self.waiting.prepend_request(request)
+    return _CacheAwarePort
 
 
-#: Whether the installed vLLM has its own cache-aware admission (read once; the replay's workers
-#: fork after it).
-NATIVE = native()
+def __getattr__(name: str) -> Any:
+    # ``NATIVE``: whether the installed vLLM has cache-aware admission itself, read when first
+    # asked for, so importing this module loads no vLLM.
+    if name == "NATIVE":
+        return native()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
