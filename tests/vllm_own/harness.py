@@ -141,7 +141,8 @@ _ENDED = re.compile(r"meridian: (?:meridian:shed:\S+ (?P<shed>.*)|rejecting requ
 def _meridian_ended(report: pytest.TestReport | pytest.CollectReport) -> str:
     """`` [Meridian shed N: first message]`` where the failing test's captured log shows
     MeridianScheduler ending requests itself: the usual cause of a test that then waits for
-    them in vain (vLLM's tests give requests arrival times from 1970, past every TTFT target)."""
+    them in vain (a request the test hands over already past its class's TTFT target on the
+    test's clock, tests/vllm_own/substitute.py)."""
     log = "\n".join(text for name, text in report.sections if "log" in name)
     shed = [m["shed"] for m in _ENDED.finditer(log) if m["shed"]]
     rejected = [m["rejected"] for m in _ENDED.finditer(log) if m["rejected"]]
