@@ -118,6 +118,22 @@ def replay(
     return summary
 
 
+def slim(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the results file keeps of a summary (the full one runs to tens of kB per replay)."""
+
+    def group(s: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "submitted": s["submitted"], "good": s["good"], "attainment": s["attainment"],
+            "ttft_ms": {k: s["ttft_ms"][k] for k in ("p50", "p99")},
+            "ttfat_ms": {k: s["ttfat_ms"][k] for k in ("p50", "p99")},
+        }
+
+    keep = ("goodput_rps", "throughput_tok_s", "stalls", "preemptions", "prefix_cache", "cache_aware_window",
+            "shed", "duration_s", "wall_s")
+    return {"policy": summary["policy"], **group(summary), **{k: summary[k] for k in keep if k in summary},
+            "per_class": {name: group(c) for name, c in summary["per_class"].items()}}
+
+
 def line(s: dict[str, Any], base: dict[str, Any]) -> str:
     hit = (s["prefix_cache"]["hit_rate"] or 0.0) * 100
     ratio = s["good"] / base["good"] if base["good"] else float("nan")
@@ -154,7 +170,7 @@ def sweep(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
                 print(line(rows[policy], rows["vllm-fcfs"]), flush=True)
             out[f"{name} x{factor:g}"] = {"workload": name, "load_factor": factor, "rate_scale": scale,
                                           "requests": len(offline), "shared_first_block": sharing,
-                                          "docs_sized_window": docs, "rows": rows}
+                                          "docs_sized_window": docs, "rows": {k: slim(v) for k, v in rows.items()}}
     return out
 
 
@@ -194,7 +210,8 @@ def compose(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
                 rows[label] = replay(label, policy, offline, profile, cfg, scale, scheduler_cls=cls, window=window)
                 print(line(rows[label], rows["vllm-fcfs"]), flush=True)
             out[f"{name} x{factor:g}"] = {"workload": name, "load_factor": factor, "rate_scale": scale,
-                                          "requests": len(offline), "docs_sized_window": docs, "rows": rows}
+                                          "requests": len(offline), "docs_sized_window": docs,
+                                          "rows": {k: slim(v) for k, v in rows.items()}}
     return out
 
 
