@@ -31,6 +31,7 @@ from meridian.replay.policies import (
     with_sized_window,
 )
 from meridian.replay.traces import TraceRequest
+from replay_profiles import linear_profile
 
 pytestmark = pytest.mark.vllm
 
@@ -120,15 +121,11 @@ def shared_prefix_requests(n: int = 300, seed: int = 0, shared: bool = True) -> 
 
 
 def profile(num_kv_blocks: int) -> Any:
-    from meridian.replay.profiles import Profile
 
-    data: dict[str, Any] = {
-        "name": "test-cache-aware", "description": "tiny", "model": "linear", "block_size": 16,
-        "num_kv_blocks": num_kv_blocks, "max_num_seqs": 16, "max_num_batched_tokens": 256, "max_model_len": 512,
-        "base_ms": 10.0, "per_prefill_token_ms": 0.05, "per_decode_request_ms": 0.5, "per_context_token_ms": 0.0,
-    }
-    data["sources"] = {key: "test value" for key in data if key not in ("name", "description", "model")}
-    return Profile.from_json(data)
+    return linear_profile(
+        "test-cache-aware", "tiny", num_kv_blocks=num_kv_blocks, max_num_seqs=16, max_num_batched_tokens=256,
+        max_model_len=512, per_prefill_token_ms=0.05, per_decode_request_ms=0.5,
+    )
 
 
 class Replayed:

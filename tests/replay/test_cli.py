@@ -11,6 +11,7 @@ import pytest
 from meridian.cli import main
 from meridian.replay.policies import POLICIES
 from meridian.replay.traces import TraceRequest, dump_meridian_jsonl
+from replay_profiles import linear_profile_data
 
 pytestmark = pytest.mark.vllm
 
@@ -18,21 +19,11 @@ LATENCIES = ("ttft_ms", "ttfat_ms", "answer_tpot_ms", "think_tpot_ms")
 
 
 def write_profile(path: Path) -> Path:
-    data = {
-        "name": "test-linear",
-        "description": "small linear profile for CLI tests",
-        "model": "linear",
-        "block_size": 16,
-        "num_kv_blocks": 64,
-        "max_num_seqs": 16,
-        "max_num_batched_tokens": 256,
-        "max_model_len": 1000,
-        "base_ms": 5.0,
-        "per_prefill_token_ms": 0.01,
-        "per_decode_request_ms": 0.1,
-        "per_context_token_ms": 0.0001,
-    }
-    data["sources"] = {k: "test value" for k in data if k not in ("name", "description", "model")}
+    data = linear_profile_data(
+        "test-linear", "small linear profile for CLI tests", num_kv_blocks=64, max_num_seqs=16,
+        max_num_batched_tokens=256, max_model_len=1000, base_ms=5.0, per_prefill_token_ms=0.01,
+        per_decode_request_ms=0.1, per_context_token_ms=0.0001,
+    )
     path.write_text(json.dumps(data))
     return path
 

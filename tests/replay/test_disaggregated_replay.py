@@ -26,6 +26,7 @@ from meridian.replay.profiles import Profile
 from meridian.replay.runner import ReplayOptions, run_replay
 from meridian.replay.traces import TraceRequest
 from meridian.replay.workload import model_dir_for, offline_requests
+from replay_profiles import linear_profile
 
 CONFIG: dict[str, Any] = {
     "classes": {
@@ -42,14 +43,10 @@ ONE_TO_ONE = Split(1, 1)
 
 
 def profile(max_num_seqs: int = 8) -> Profile:
-    data: dict[str, Any] = {
-        "name": "test-pd", "description": "10 ms steps + 1 ms per prompt token", "model": "linear",
-        "block_size": 16, "num_kv_blocks": 512, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": 512,
-        "max_model_len": 4096, "base_ms": 10.0, "per_prefill_token_ms": 1.0, "per_decode_request_ms": 0.0,
-        "per_context_token_ms": 0.0,
-    }
-    data["sources"] = {key: "test value" for key in data if key not in ("name", "description", "model")}
-    return Profile.from_json(data)
+    return linear_profile(
+        "test-pd", "10 ms steps + 1 ms per prompt token", num_kv_blocks=512, max_num_seqs=max_num_seqs,
+        per_prefill_token_ms=1.0,
+    )
 
 
 def request(req_id: str, arrival_ms: float, slo_class: str = "calm", think: int = 20) -> OfflineRequest:

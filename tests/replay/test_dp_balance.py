@@ -26,6 +26,7 @@ from meridian.replay.policies import policy_spec, replay_engine, replay_policy
 from meridian.replay.profiles import Profile
 from meridian.replay.traces import TraceRequest
 from meridian.replay.workload import model_dir_for, offline_requests
+from replay_profiles import linear_profile
 
 CONFIG: dict[str, Any] = {
     "classes": {"standard": {"ttft_ms": 60_000.0, "ttfat_ms": 120_000.0, "answer_tpot_ms": 100.0, "rank": 1}},
@@ -37,13 +38,7 @@ CONFIG: dict[str, Any] = {
 
 
 def profile(num_kv_blocks: int = 4096) -> Profile:
-    data: dict[str, Any] = {
-        "name": "test-dp", "description": "10 ms steps", "model": "linear", "block_size": 16,
-        "num_kv_blocks": num_kv_blocks, "max_num_seqs": 64, "max_num_batched_tokens": 512, "max_model_len": 4096,
-        "base_ms": 10.0, "per_prefill_token_ms": 0.0, "per_decode_request_ms": 0.0, "per_context_token_ms": 0.0,
-    }
-    data["sources"] = {key: "test value" for key in data if key not in ("name", "description", "model")}
-    return Profile.from_json(data)
+    return linear_profile("test-dp", "10 ms steps", num_kv_blocks=num_kv_blocks)
 
 
 def request(req_id: str, arrival_ms: float, *, think: int, answer: int, prompt: int = 32) -> TraceRequest:

@@ -23,6 +23,7 @@ from meridian.replay.policies import policy_spec, replay_engine
 from meridian.replay.profiles import Profile
 from meridian.replay.traces import TraceRequest
 from meridian.replay.workload import model_dir_for, offline_requests
+from replay_profiles import linear_profile
 
 CONFIG: dict[str, Any] = {
     "classes": {"rush": {"ttft_ms": 200.0, "ttfat_ms": 60_000.0, "answer_tpot_ms": 100.0, "rank": 0},
@@ -55,13 +56,7 @@ def test_round_robin_counts_every_attempt_and_power_of_two_takes_the_lighter() -
 
 def profile() -> Profile:
     """Every step 10 ms, two seats."""
-    data: dict[str, Any] = {
-        "name": "test-fleet", "description": "10 ms steps", "model": "linear", "block_size": 16,
-        "num_kv_blocks": 4096, "max_num_seqs": 2, "max_num_batched_tokens": 512, "max_model_len": 4096,
-        "base_ms": 10.0, "per_prefill_token_ms": 0.0, "per_decode_request_ms": 0.0, "per_context_token_ms": 0.0,
-    }
-    data["sources"] = {key: "test value" for key in data if key not in ("name", "description", "model")}
-    return Profile.from_json(data)
+    return linear_profile("test-fleet", "10 ms steps", max_num_seqs=2)
 
 
 def offline(req_id: str, arrival_ms: float, slo_class: str, think: int) -> OfflineRequest:

@@ -16,6 +16,7 @@ from meridian.replay.policies import HostTier, ReplayResult, policy_spec, replay
 from meridian.replay.profiles import Profile, ProfileError
 from meridian.replay.report import summarize
 from meridian.replay.traces import TraceRequest
+from replay_profiles import linear_profile as _linear_profile
 
 pytestmark = pytest.mark.vllm
 
@@ -28,14 +29,8 @@ CONFIG: dict[str, Any] = {
 
 def linear_profile(**capacity: int) -> Profile:
     """10 ms a step plus 0.5 ms per prompt token (recompute is what a restore saves)."""
-    data: dict[str, Any] = {
-        "name": "test-tier", "description": "KV pressure", "model": "linear", "block_size": 16,
-        "num_kv_blocks": 40, "max_num_seqs": 64, "max_num_batched_tokens": 512, "max_model_len": 512,
-        "base_ms": 10.0, "per_prefill_token_ms": 0.5, "per_decode_request_ms": 0.0, "per_context_token_ms": 0.0,
-        **capacity,
-    }
-    data["sources"] = {key: "test value" for key in data if key not in ("name", "description", "model")}
-    return Profile.from_json(data)
+    fields: dict[str, Any] = {"num_kv_blocks": 40, "max_model_len": 512, "per_prefill_token_ms": 0.5, **capacity}
+    return _linear_profile("test-tier", "KV pressure", **fields)
 
 
 def request(req_id: str, arrival_ms: float, *, prompt: int, think: int, answer: int) -> TraceRequest:

@@ -16,6 +16,7 @@ from meridian._core import Config
 from meridian.replay.policies import HostTier, ReplayResult, policy_spec, replay_engine
 from meridian.replay.report import summarize
 from meridian.replay.traces import TraceRequest
+from replay_profiles import linear_profile
 
 pytestmark = pytest.mark.vllm
 
@@ -37,7 +38,6 @@ def shared_prefix_requests() -> list[TraceRequest]:
 
 
 def run(tmp_path: Path, *, reset_device_cache: bool) -> tuple[dict[str, tuple[int, int, int]], ReplayResult]:
-    from meridian.replay.profiles import Profile
     from meridian.replay.workload import model_dir_for, offline_requests
     from meridian.vllm.scheduler import HANDLE_ATTR, MeridianScheduler
 
@@ -51,13 +51,10 @@ def run(tmp_path: Path, *, reset_device_cache: bool) -> tuple[dict[str, tuple[in
             super().add_request(request)
             seen[request.request_id] = self.meridian.cached_prefix(getattr(request, HANDLE_ATTR))
 
-    data: dict[str, Any] = {
-        "name": "test-prefix", "description": "two requests", "model": "linear", "block_size": 16,
-        "num_kv_blocks": 64, "max_num_seqs": 8, "max_num_batched_tokens": 256, "max_model_len": 512,
-        "base_ms": 10.0, "per_prefill_token_ms": 0.5, "per_decode_request_ms": 0.0, "per_context_token_ms": 0.0,
-    }
-    data["sources"] = {key: "test value" for key in data if key not in ("name", "description", "model")}
-    profile = Profile.from_json(data)
+    profile = linear_profile(
+        "test-prefix", "two requests", num_kv_blocks=64, max_num_seqs=8, max_num_batched_tokens=256,
+        max_model_len=512, per_prefill_token_ms=0.5,
+    )
     requests = offline_requests(shared_prefix_requests(), profile, Config.from_json(json.dumps(CONFIG)))
     engine = replay_engine(policy_spec("meridian"), requests, profile, meridian_config=CONFIG,
                            model_dir=model_dir_for(profile, tmp_path),

@@ -27,6 +27,7 @@ from meridian.replay.report import is_shed, summarize, table
 from meridian.replay.runner import ReplayOptions, run_replay
 from meridian.replay.traces import TraceRequest
 from meridian.replay.workload import model_dir_for, offline_requests
+from replay_profiles import linear_profile as _linear_profile
 
 pytestmark = pytest.mark.vllm
 
@@ -40,14 +41,10 @@ CONFIG: dict[str, Any] = {
 
 
 def linear_profile(*, max_num_seqs: int = 4, num_kv_blocks: int = 4096, base_ms: float = 10.0) -> Profile:
-    data: dict[str, Any] = {
-        "name": "test-linear", "description": "constant-time steps for hand-worked numbers", "model": "linear",
-        "block_size": 16, "num_kv_blocks": num_kv_blocks, "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": 512, "max_model_len": 4096, "base_ms": base_ms,
-        "per_prefill_token_ms": 0.0, "per_decode_request_ms": 0.0, "per_context_token_ms": 0.0,
-    }
-    data["sources"] = {key: "test value" for key in data if key not in ("name", "description", "model")}
-    return Profile.from_json(data)
+    return _linear_profile(
+        "test-linear", "constant-time steps for hand-worked numbers", num_kv_blocks=num_kv_blocks,
+        max_num_seqs=max_num_seqs, base_ms=base_ms,
+    )
 
 
 def trace(req_id: str, arrival_ms: float, *, think: int = 3, answer: int = 2, slo_class: str = "standard",
