@@ -274,6 +274,13 @@ def _add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         default=None,
         help="with --disaggregated: a hand-off's fixed latency in ms (default: the profile's)",
     )
+    replay.add_argument(
+        "--step-noise",
+        type=Path,
+        default=None,
+        help="a step-noise model (JSON, `meridian fit-profile --noise-out`): every engine's step times "
+        "wander around the profile's as a real engine's did, seeded with --seed (default: no noise)",
+    )
     replay.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core)")
     replay.add_argument("--json", type=Path, default=None, help="write the metrics to this JSON file")
     replay.add_argument("--report-dir", type=Path, default=None, help="write PNG plots and replay.json here")
@@ -308,6 +315,12 @@ def _add_fit_profile(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     fit.add_argument("--name", default="fitted", help="name of the new profile")
     fit.add_argument("--out", type=Path, required=True, help="where to write the profile JSON")
+    fit.add_argument(
+        "--noise-out",
+        type=Path,
+        default=None,
+        help="also write the log's step-time noise around the fitted profile here (for replay --step-noise)",
+    )
     fit.set_defaults(handler=_fit_profile)
 
 
@@ -372,13 +385,14 @@ def _replay(args: argparse.Namespace) -> int:
         disaggregated=args.disaggregated,
         transfer_gbps=args.transfer_gbps,
         transfer_latency_ms=args.transfer_latency_ms,
+        step_noise=args.step_noise,
     )
 
 
 def _fit_profile(args: argparse.Namespace) -> int:
     from meridian.replay.profiles import write_fitted_profile
 
-    print(write_fitted_profile(args.step_log, args.base, args.name, args.out))
+    print(write_fitted_profile(args.step_log, args.base, args.name, args.out, args.noise_out))
     return 0
 
 

@@ -377,8 +377,14 @@ def test_a_real_shim_step_log_fits_a_profile_the_replay_accepts(tmp_path: Path) 
     # far below the whole schedule + update of a step even on this machine.
     assert records and all(0.0 < r["meridian_ms"] < 50.0 for r in records)
     out = tmp_path / "fitted.json"
-    assert main(["fit-profile", str(log), "--base", "h200-qwen3-8b", "--name", "cpu-fit", "--out", str(out)]) == 0
+    noise_out = tmp_path / "noise.json"
+    assert main(["fit-profile", str(log), "--base", "h200-qwen3-8b", "--name", "cpu-fit", "--out", str(out),
+                 "--noise-out", str(noise_out)]) == 0
     fitted = Profile.load(out)
+    # The engine's step times were the cost itself: what the fit leaves is the log's rounding.
+    from meridian.replay.noise import StepNoise
+
+    assert StepNoise.load(noise_out).sigma < 0.01
     assert fitted.name == "cpu-fit" and fitted.model == "linear"
     assert fitted.num_kv_blocks == Profile.load("h200-qwen3-8b").num_kv_blocks
     assert fitted.step_time_ms(StepBatch(0, 10, 500)) == pytest.approx(2.0 + 0.3 * 10, rel=0.05)

@@ -689,13 +689,16 @@ def replay_engine(
     kv_role: str | None = None,
     transfer_cost: TransferCost | None = None,
     max_num_inflight_kv_loads: int | None = None,
+    noise_stream: int = 0,
 ) -> OfflineEngine:
     """The engine that replays ``requests`` under one policy on ``profile``, ready to run.
     ``scheduler_cls`` replaces the policy's scheduler class (a subclass of it, say), and
     ``engine_cls`` the engine loop's class. ``arrival_gate`` is asked for each arriving request
     (after the policy's own valve, if it has one) whether to refuse it. ``kv_role`` puts the
     engine on one side of a prefill/decode hand-off whose reads cost ``transfer_cost`` (a decode
-    side may start its loads while its seats are full: ``max_num_inflight_kv_loads``, vLLM 0.34)."""
+    side may start its loads while its seats are full: ``max_num_inflight_kv_loads``, vLLM 0.34).
+    ``noise_stream``: which of the profile's noise streams its steps meet (one per engine of a
+    replay; every policy's engine ``i`` meets the same)."""
     cap = queue_cap_for(spec, requests, profile, meridian_config)
     gate = chain_gates(
         LoadValve(cap) if cap is not None else None, MeridianAdmission.of(spec, meridian_config), arrival_gate
@@ -709,7 +712,7 @@ def replay_engine(
         scheduler,
         requests,
         observer_config=Config.from_json(json.dumps(meridian_config)),
-        step_time_ms=lambda shape: profile.step_time_ms(StepBatch(**shape)),
+        step_time_ms=profile.step_timer(noise_stream),
         batch_queue_size=batch_queue_size,
         keep_output_tokens=False,
         progress=progress,

@@ -14,15 +14,17 @@ function of each of the three batch inputs, 0 for a step that schedules no token
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meridian.errors import InvalidArgumentError, ProfileError
 from meridian.offline.engine import TransferCost
+from meridian.replay.noise import StepNoise
 
 if TYPE_CHECKING:
     import numpy as np
@@ -319,6 +321,7 @@ class Profile:
     host_link_bytes_per_s: float | None = None  # achieved device <-> host copy bandwidth, one direction
     pd_link_bytes_per_s: float | None = None  # achieved read bandwidth between two instances' KV caches
     pd_link_latency_ms: float | None = None  # a hand-off's fixed cost: the read's set-up and its notice
+    noise: StepNoise | None = None  # how a real engine's step times wander around the cost (None: they do not)
 
     @property
     def model(self) -> str:
@@ -330,8 +333,21 @@ class Profile:
         return self.num_kv_blocks * self.block_size
 
     def step_time_ms(self, batch: StepBatch) -> float:
-        """Wall time of one engine step of shape ``batch``, in ms."""
+        """Wall time of one engine step of shape ``batch``, in ms (the cost, without noise)."""
         return self.cost.step_ms(batch)
+
+    def step_timer(self, stream: int = 0) -> Callable[[Mapping[str, int]], float]:
+        """One engine's step-time function of the step's shape (``StepBatch``'s fields): the cost,
+        with the profile's noise on it when it has one (``stream`` tells a replay's engines apart;
+        the ``n``-th step of every engine on one stream meets the same noise)."""
+
+        def cost(shape: Mapping[str, int]) -> float:
+            return self.cost.step_ms(StepBatch(**shape))
+
+        return cost if self.noise is None else self.noise.timer(cost, stream)
+
+    def with_noise(self, noise: StepNoise | None) -> Profile:
+        return dataclasses.replace(self, noise=noise)
 
     def host_load_ms_per_token(self) -> float:
         """What loading one token's KV back from host memory takes on the host link, in ms;
@@ -621,9 +637,20 @@ def _nnls(design: npt.NDArray[np.float64], target: npt.NDArray[np.float64]) -> n
     return result
 
 
-def write_fitted_profile(step_log_path: Path, base: str, name: str, out: Path) -> str:
+def write_fitted_profile(step_log_path: Path, base: str, name: str, out: Path, noise_out: Path | None = None) -> str:
     """``meridian fit-profile``: fits ``step_log_path`` on top of the profile ``base`` (name or
-    JSON file), writes the new profile to ``out``; returns what the fit reports."""
+    JSON file), writes the new profile to ``out`` and, given ``noise_out``, the log's step-time
+    noise around it (``meridian.replay.noise``); returns what the fit reports."""
+    from meridian.replay.noise import step_noise_of_log
+
     profile = fit_profile(step_log_path, Profile.load(base), name)
     out.write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")
-    return f"wrote {out}: {profile.sources['fit']}"
+    report = f"wrote {out}: {profile.sources['fit']}"
+    if noise_out is not None:
+        noise = step_noise_of_log(step_log_path, profile)
+        noise_out.write_text(json.dumps(noise.to_json(), indent=2) + "\n", encoding="utf-8")
+        report += (
+            f"\nwrote {noise_out}: step-time noise sigma {noise.sigma:.3f} (log), rho {noise.rho:.2f}, "
+            f"spikes {noise.spike_probability:.1%} of steps at x{math.exp(noise.spike_log_mean):.2f}"
+        )
+    return report

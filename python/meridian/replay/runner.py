@@ -27,6 +27,7 @@ from meridian._core import Config
 from meridian.offline.engine import TransferCost, offline_environment
 from meridian.replay import reasoning, traces
 from meridian.replay.disaggregated import Split, add_pd_fields, pd_table, replay_disaggregated, split_policy
+from meridian.replay.noise import StepNoise
 from meridian.replay.policies import (
     POLICIES,
     TUNED_VALVE,
@@ -110,6 +111,9 @@ class ReplayOptions:
     #: The hand-off link's bandwidth (GB/s) and fixed latency (ms); ``None``: the profile's.
     transfer_gbps: float | None = None
     transfer_latency_ms: float | None = None
+    #: A step-noise model's JSON file (``meridian.replay.noise``; seeded with ``seed``): every
+    #: engine's steps wander around the profile's cost as it says; ``None``: they do not.
+    step_noise: Path | None = None
 
     def with_cache_dir(self, cache_dir: Path) -> ReplayOptions:
         return dataclasses.replace(self, cache_dir=cache_dir)
@@ -238,7 +242,7 @@ def _run_one(
 
     # A window sized for the workload is sized on the whole of it: an engine sees its share one by one.
     spec = with_sized_window(spec, offline, profile, meridian_config)
-    engines = [replay_engine(spec, [], profile, **engine_options) for _ in range(num_engines)]
+    engines = [replay_engine(spec, [], profile, noise_stream=i, **engine_options) for i in range(num_engines)]
     run = replay_fleet(engines, offline, Router(router, num_engines, seed=0), Retries(attempts=attempts))
     result = policy_run(
         ReplayResult(spec.name, run.client_run(), cache_aware_window=spec.cache_aware_window), rate_scale
@@ -265,12 +269,22 @@ def _run_disaggregated(
     _num_engines, router, attempts = fleet
     prefill_spec, decode_spec = (policy_spec(name) for name in split_policy(policy))
     prefill = [
-        replay_engine(prefill_spec, [], profile, kv_role="kv_producer", transfer_cost=cost, **engine_options)
-        for _ in range(split.num_prefill)
+        replay_engine(
+            prefill_spec, [], profile, kv_role="kv_producer", transfer_cost=cost, noise_stream=i, **engine_options
+        )
+        for i in range(split.num_prefill)
     ]
     decode = [
-        replay_engine(decode_spec, [], profile, kv_role="kv_consumer", transfer_cost=cost, **engine_options)
-        for _ in range(split.num_decode)
+        replay_engine(
+            decode_spec,
+            [],
+            profile,
+            kv_role="kv_consumer",
+            transfer_cost=cost,
+            noise_stream=split.num_prefill + i,
+            **engine_options,
+        )
+        for i in range(split.num_decode)
     ]
     run = replay_disaggregated(
         prefill,
@@ -316,6 +330,8 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     """Replays every policy at every rate scale; see the module docs."""
     offline_environment(options.cache_dir)
     profile = Profile.load(options.profile)
+    if options.step_noise is not None:
+        profile = profile.with_noise(StepNoise.load(options.step_noise, seed=options.seed))
     disaggregated = check_disaggregated(options, profile)  # and every policy name, before any work
     host_tier = HostTier.of(profile, options.host_tier_gib)  # fails on a profile without a host link
     if host_tier is not None and disaggregated is not None:
@@ -334,6 +350,7 @@ def run_replay(options: ReplayOptions) -> ReplayReport:
     if fleet[0] > 1:
         workload["fleet"] = {"engines": fleet[0], "router": options.router, "attempts": options.retry_attempts}
     workload["rate_scales"] = list(options.rate_scales)
+    workload["step_noise"] = None if profile.noise is None else profile.noise.to_json()
     workload["host_tier"] = (
         None
         if host_tier is None
@@ -620,6 +637,7 @@ def replay_command(
     disaggregated: str | None = None,
     transfer_gbps: float | None = None,
     transfer_latency_ms: float | None = None,
+    step_noise: Path | None = None,
 ) -> int:
     """``meridian replay``: runs the replay its flags describe, prints the table, writes outputs.
     Without a trace: the bundled excerpt at the demo's window and load (the whole excerpt at its
@@ -650,6 +668,7 @@ def replay_command(
         disaggregated=disaggregated,
         transfer_gbps=transfer_gbps,
         transfer_latency_ms=transfer_latency_ms,
+        step_noise=step_noise,
     )
     report = run_replay(options)
     print(render(report))
