@@ -35,6 +35,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 from meridian.replay.corpus import (  # noqa: E402
     LOAD_POINTS, Corpus, columns, leave_one_family_out, loads_of, make_corpus, plot, render, run_corpus,
 )
+from meridian.replay.noise import StepNoise  # noqa: E402
 from meridian.replay.policies import CACHE_AWARE, TUNED_VALVE  # noqa: E402
 from meridian.replay.report import write_json  # noqa: E402
 
@@ -81,13 +82,18 @@ def main() -> int:
                         help="an earlier corpus.json on the same scenarios: its calibrated rates, no new search")
     parser.add_argument("--lofo", default=None,
                         help="comma-separated column labels to pick a default from, leave-one-family-out")
+    parser.add_argument("--step-noise", type=Path, default=None,
+                        help="a step-noise model (meridian fit-profile --noise-out): every replay's steps meet it "
+                             "(with --loads-from, at the noiseless calibration's rates)")
+    parser.add_argument("--noise-seed", type=int, default=0, help="the step noise's seed (default 0)")
     parser.add_argument("--jobs", type=int, default=0)
     parser.add_argument("--no-cache", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / f"corpus_{dt.date.today()}")
     args = parser.parse_args()
 
     started = time.monotonic()
-    corpus = Corpus(cache_dir=REPO / ".cache", jobs=args.jobs, use_cache=not args.no_cache,
+    noise = StepNoise.load(args.step_noise, seed=args.noise_seed) if args.step_noise is not None else None
+    corpus = Corpus(cache_dir=REPO / ".cache", jobs=args.jobs, use_cache=not args.no_cache, step_noise=noise,
                     progress=lambda line: print(f"[{time.monotonic() - started:7.0f} s] {line}", file=sys.stderr, flush=True))
     families = args.families or None
     scenarios = make_corpus(args.per_family, seed=args.seed, **({"families": families} if families else {}))
@@ -102,9 +108,12 @@ def main() -> int:
     known = loads_of(args.loads_from) if args.loads_from else None
     report = run_corpus(corpus, scenarios, cols, capacity=args.capacity, known_loads=known, **points)
     text = ["# Scenario corpus", "", f"{len(scenarios)} scenarios (seed {args.seed}):", ""]
+    if noise is not None:
+        text[2:2] = [f"Step-time noise: {noise.to_json()} (seed {noise.seed})", ""]
     text += [f"- `{s.name}`: {s.describe()}, {s.num_requests} requests" for s in scenarios]
     text += ["", render(report)]
     payload = report.to_json()
+    payload["step_noise"] = None if noise is None else {**noise.to_json(), "seed": noise.seed}
     if args.lofo:
         candidates = [c.strip() for c in args.lofo.split(",")]
         rows = leave_one_family_out(report, candidates, default="meridian")

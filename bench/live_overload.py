@@ -10,7 +10,14 @@ fresh server; the arms rotate (round k starts with arm k mod n), so each goes fi
 Per load and arm the table gives the medians over rounds of the requests meeting every target of
 their class (a refusal — Meridian's shed or the valve's 503 — is a miss), per class, with the
 rounds' range, the refusals and their notice times, failures and output tokens/s; the ratios are
-Meridian's medians over each baseline's, measured side by side in one run.
+Meridian's medians over each baseline's, measured side by side in one run, and round by round:
+the worst round's ratio and the rounds Meridian met more in (every class at least as many too).
+
+Both placements by default (``--placements``), their rounds interleaved, each in a folder of its
+own: ``pinned`` (the engine on one core, the API server and aiperf on the other: a few per cent
+between rounds) and ``unpinned`` (where the OS puts them, as a default server runs: the engine's
+step times wander with the front end's and the client's load). A speed probe (a fixed loop on
+the engine's core) runs before and after every arm.
 
     .venv/bin/python bench/live_overload.py [--lengths servegen] [--loads 1.2,1.5,2] [--rounds 5]
 """
@@ -18,6 +25,7 @@ Meridian's medians over each baseline's, measured side by side in one run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -69,6 +77,17 @@ def make_arms(names: list[str], cap: int, variants: dict[str, dict[str, Any]]) -
             raise ValueError(f"arm {name!r}: only a valve arm (+cap) takes a cap")
         arms.append(Arm(name, ARM_POLICIES[base], (int(explicit) if explicit else cap) if base.endswith("+cap") else None))
     return arms
+
+
+def placements(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    if not names or any(p not in ("pinned", "unpinned") for p in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"--placements {text!r}: expected pinned, unpinned or both, comma-separated")
+    return names
+
+
+def default_placements() -> list[str]:
+    return ["pinned", "unpinned"] if len(os.sched_getaffinity(0)) >= 2 else ["unpinned"]
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -132,6 +151,7 @@ def summarize(rows: list[dict[str, Any]], arms: list[Arm], class_names: list[str
         out["meridian_over"] = {
             arm.name: {
                 "good": ours["good"] / out[arm.name]["good"] if out[arm.name]["good"] else None,
+                **round_by_round(rows, arm.name, class_names),
                 **{c: (ours["per_class"][c]["median"] / out[arm.name]["per_class"][c]["median"]
                        if out[arm.name]["per_class"][c]["median"] else None) for c in class_names},
                 "output_tok_s": ours["output_tok_s"] / out[arm.name]["output_tok_s"] if out[arm.name]["output_tok_s"] else None,
@@ -139,6 +159,22 @@ def summarize(rows: list[dict[str, Any]], arms: list[Arm], class_names: list[str
             for arm in arms if arm.name != "meridian"
         }
     return out
+
+
+def round_by_round(rows: list[dict[str, Any]], other: str, class_names: list[str]) -> dict[str, Any]:
+    """Meridian against ``other`` round by round (the two arms of a round ran minutes apart on the
+    same machine): the worst round's ratio of requests meeting every target, how many rounds
+    Meridian met more in, and in how many it met at least as many of every class."""
+    by_round: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_round.setdefault(r["round"], {})[r["policy"]] = r
+    pairs = [(b["meridian"], b[other]) for b in by_round.values() if "meridian" in b and other in b]
+    ratios = [m["good_requests"] / o["good_requests"] for m, o in pairs if o["good_requests"]]
+    return {
+        "good_worst_round": min(ratios) if ratios else None,
+        "rounds_ahead": f"{sum(m['good_requests'] > o['good_requests'] for m, o in pairs)}/{len(pairs)}",
+        "rounds_every_class_at_least": f"{sum(all(m['per_class'][c]['good'] >= o['per_class'][c]['good'] for c in class_names) for m, o in pairs)}/{len(pairs)}",
+    }
 
 
 def print_round(load: float, k: int, row: dict[str, Any], class_names: list[str]) -> None:
@@ -158,7 +194,8 @@ def print_summary(load: float, summary: dict[str, Any], arms: list[Arm], class_n
         print(f"  {arm.name:13s} all {s['good']:g} [{s['good_range'][0]}-{s['good_range'][1]}]  {per}  shed {s['shed_median']:g}  "
               f"failed {s['failed']}  engine sheds past TTFT target {s['server_notices_past_ttft_target']}  {s['output_tok_s']:.0f} tok/s")
     for name, ratios in summary.get("meridian_over", {}).items():
-        print(f"  meridian / {name}: " + "  ".join(f"{k} {v:.2f}x" for k, v in ratios.items() if v is not None))
+        print(f"  meridian / {name}: " + "  ".join(f"{k} {v:.2f}x" if isinstance(v, float) else f"{k} {v}"
+                                                   for k, v in ratios.items() if v is not None))
 
 
 def markdown(result: dict[str, Any], class_names: list[str]) -> str:
@@ -168,20 +205,28 @@ def markdown(result: dict[str, Any], class_names: list[str]) -> str:
         summary = entry["summary"]
         arms = [a for a in summary if a != "meridian_over"]
         lines += [f"### {load}x ({entry['rate_rps']:g} req/s)", "",
-                  "| arm | " + " | ".join(class_names) + " | all | refused | failed | tok/s |",
-                  "|---|" + "---|" * (len(class_names) + 4)]
+                  "| arm | " + " | ".join(class_names) + " | all | worst round | refused | failed | tok/s |",
+                  "|---|" + "---|" * (len(class_names) + 5)]
         for arm in arms:
             a = summary[arm]
             per = " | ".join(f"{a['per_class'][c]['median']:g} [{a['per_class'][c]['range'][0]}–{a['per_class'][c]['range'][1]}]"
                              for c in class_names)
             lines.append(f"| {arm} | {per} | **{a['good']:g}** [{a['good_range'][0]}–{a['good_range'][1]}] | "
-                         f"{a['shed_median']:g} | {a['failed']} | {a['output_tok_s']:.0f} |")
+                         f"{a['good_range'][0]} | {a['shed_median']:g} | {a['failed']} | {a['output_tok_s']:.0f} |")
         for name, ratios in summary.get("meridian_over", {}).items():
             lines.append(f"| Meridian / {name} | " + " | ".join(
                 f"{ratios[c]:.2f}×" if ratios.get(c) else "–" for c in class_names)
-                + f" | **{ratios['good']:.2f}×** | | | {ratios['output_tok_s']:.2f}× |")
+                + f" | **{ratios['good']:.2f}×** | {worst(ratios)} | | | {ratios['output_tok_s']:.2f}× |")
         lines.append("")
     return "\n".join(lines)
+
+
+def worst(ratios: dict[str, Any]) -> str:
+    """The worst round's ratio, the rounds Meridian met more in and those where every class met at least as many."""
+    if ratios.get("good_worst_round") is None:
+        return "–"
+    return (f"{ratios['good_worst_round']:.2f}× (ahead {ratios['rounds_ahead']}, "
+            f"every class {ratios['rounds_every_class_at_least']})")
 
 
 def recover_rounds(folder: Path, result: dict[str, Any], classes: Any) -> None:
@@ -248,6 +293,10 @@ def main() -> int:
                         help="NAME=JSON: a Meridian config variant, run as the arm meridian:NAME")
     parser.add_argument("--meridian-config", type=json.loads, default={},
                         help="JSON merged into Meridian's config, e.g. '{\"overload\": {...}}'")
+    parser.add_argument("--placements", type=placements, default=default_placements(),
+                        help="pinned (engine on one core, front end and aiperf on the other), unpinned (where the OS "
+                             "puts them, as a default server runs), or both, each round in turn (default: both where "
+                             "two cores allow, else unpinned); --pin is ignored")
     parser.add_argument("--resummarize", type=Path, default=None,
                         help="recompute the summaries of an earlier run's folder from its rounds and logs")
     args = parser.parse_args()
@@ -262,33 +311,48 @@ def main() -> int:
         return 2
     classes = settings.model.classes
     class_names = [c.name for c in classes]
+    settings = dataclasses.replace(settings, pin=args.placements[0] == "pinned")
     capacity = args.capacity_rps or measure_capacity_rps("stock", args.out, settings, lengths=args.lengths)
     cap = args.cap or little_law_queue_cap(capacity, min(c.ttft_ms for c in classes))
     arms = make_arms(args.arms, cap, dict(args.variant))
     print(f"capacity {capacity:.1f} req/s (stock, burst of the {args.lengths} family); valve cap {cap}", flush=True)
-    result: dict[str, Any] = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                              "capacity_rps": capacity, "cap": cap, "loads": {}}
+    # One folder per placement (the format of a one-placement run each); the placements' rounds
+    # interleave, so both meet the machine's drift alike.
+    folders = {p: args.out / p if len(args.placements) > 1 else args.out for p in args.placements}
+    results: dict[str, dict[str, Any]] = {
+        p: {"settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                         "pin": p == "pinned", "placement": p, "out": str(folder)},
+            "capacity_rps": capacity, "cap": cap, "loads": {}}
+        for p, folder in folders.items()
+    }
     for i, load in enumerate(args.loads):
         rate = round(load * capacity, 2)
         num_requests = args.requests_given or max(1, round(rate * args.schedule_s))
-        dataset = args.out / f"workload-{load:g}x.jsonl"
-        dataset.write_text(Workload(num_requests, rate, classes, seed=args.seed + i, lengths=args.lengths,
-                                    max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl())
-        rows = []
+        workload = Workload(num_requests, rate, classes, seed=args.seed + i, lengths=args.lengths,
+                            max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl()
+        rows: dict[str, list[dict[str, Any]]] = {p: [] for p in folders}
+        for folder in folders.values():
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"workload-{load:g}x.jsonl").write_text(workload)
         for k in range(args.first_round, args.first_round + args.rounds):
-            for arm in rotated(arms, k):
-                name = f"{load:g}x-{k}-{arm.name}"
-                row, recs = run_round(name, arm, dataset, args.out, settings)
-                pack_round(args.out, name, recs)
-                row.update({"round": k, "load": load, "rate_rps": rate,
-                            "server_notices": server_notices(args.out, name, {c.name: c.ttft_ms for c in classes})})
-                rows.append(row)
-                print_round(load, k, row, class_names)
-        summary = summarize(rows, arms, class_names)
-        print_summary(load, summary, arms, class_names)
-        result["loads"][f"{load:g}"] = {"rate_rps": rate, "rounds": rows, "summary": summary}
-        (args.out / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        (args.out / "summary.md").write_text(markdown(result, class_names))
+            for placement, folder in folders.items():
+                placed = dataclasses.replace(settings, pin=placement == "pinned")
+                for arm in rotated(arms, k):
+                    name = f"{load:g}x-{k}-{arm.name}"
+                    row, recs = run_round(name, arm, folder / f"workload-{load:g}x.jsonl", folder, placed)
+                    pack_round(folder, name, recs)
+                    row.update({"round": k, "load": load, "rate_rps": rate, "placement": placement,
+                                "server_notices": server_notices(folder, name, {c.name: c.ttft_ms for c in classes})})
+                    rows[placement].append(row)
+                    print(f"[{placement}] ", end="")
+                    print_round(load, k, row, class_names)
+        for placement, folder in folders.items():
+            summary = summarize(rows[placement], arms, class_names)
+            print(f"[{placement}]")
+            print_summary(load, summary, arms, class_names)
+            results[placement]["loads"][f"{load:g}"] = {"rate_rps": rate, "rounds": rows[placement], "summary": summary}
+            (folder / "results.json").write_text(json.dumps(results[placement], indent=2, default=str) + "\n")
+            (folder / "summary.md").write_text(markdown(results[placement], class_names))
     print(f"wrote {args.out / 'results.json'} ({time.strftime('%H:%M')})")
     return 0
 

@@ -25,6 +25,7 @@ a cached number is always the number a fresh run gives.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -43,6 +44,7 @@ from meridian.errors import TraceError
 from meridian.offline.engine import offline_environment
 from meridian.replay import reasoning, traces
 from meridian.replay.arrivals import ServeGenArrivals, retime
+from meridian.replay.noise import StepNoise
 from meridian.replay.policies import (
     CACHE_AWARE,
     POLICIES,
@@ -316,6 +318,7 @@ class Job:
     variant: str = "default"
     overrides: tuple[tuple[str, str], ...] = ()  # (key, JSON value), sorted
     queue_cap: int | None = None
+    step_noise: StepNoise | None = None  # the noise its engine's steps meet (``Corpus.step_noise``)
 
     @staticmethod
     def of(
@@ -357,6 +360,8 @@ class Job:
         }
         if self.queue_cap is not None:
             payload["queue_cap"] = self.queue_cap
+        if self.step_noise is not None:
+            payload["step_noise"] = {**self.step_noise.to_json(), "seed": self.step_noise.seed}
         if spec.cache_aware:
             # The window it runs with (docs-sized on the scenario unless the name gives it).
             payload["cache_aware_window"] = scenario_cache_aware_window(
@@ -465,7 +470,7 @@ def _result(summary: dict[str, Any]) -> dict[str, Any]:
 def run_job(job: Job, cache_dir: Path) -> dict[str, Any]:
     """Replays one job (no cache)."""
     offline_environment(cache_dir)
-    profile = Profile.load(job.scenario.profile)
+    profile = Profile.load(job.scenario.profile).with_noise(job.step_noise)
     config = job.config()
     requests = traces.scale_rate(_scenario_requests_cached(job.scenario), job.rate)
     result = replay_policy(
@@ -521,6 +526,8 @@ class Corpus:
     jobs: int = 0  # worker processes; 0: one per core
     use_cache: bool = True
     progress: Callable[[str], None] = lambda _line: None
+    #: Step-time noise every job's engine meets (``meridian.replay.noise``); ``None``: none.
+    step_noise: StepNoise | None = None
     cache: ResultCache = field(init=False)
     core_build: str = field(init=False)
 
@@ -530,7 +537,7 @@ class Corpus:
 
     def run(self, jobs: Iterable[Job]) -> list[dict[str, Any]]:
         """Each job's result, in order; the ones not cached run in parallel."""
-        jobs = list(jobs)
+        jobs = [dataclasses.replace(j, step_noise=self.step_noise) for j in jobs]
         keys = [j.key(self.core_build) for j in jobs]
         todo: dict[str, Job] = {}
         for job, key in zip(jobs, keys):
