@@ -426,6 +426,10 @@ class Meridian:
     def class_counters(self) -> dict[str, dict[str, int]]: ...
     def recent_ttfat_attainment(self) -> dict[str, float]:
         """TTFAT attainment of each class's recent completions (classes with none are absent)."""
+    def predict_step_ms(self, num_prefill_tokens: int, num_decode_requests: int, num_context_tokens: int) -> float:
+        """What the step-time model predicts now for a step of this shape (ms)."""
+    def planned_decode_step_ms(self) -> float:
+        """The decode step the last plan judged every deadline with (ms)."""
     def step_time_coefficients(self) -> tuple[float, float, float, float]:
         """``(base_ms, per_prefill_token_ms, per_decode_request_ms, per_context_token_ms)``."""
     def add_kv_tier(self, name: str, staged: bool = False) -> int:

@@ -376,6 +376,11 @@ def test_a_real_shim_step_log_fits_a_profile_the_replay_accepts(tmp_path: Path) 
     # Meridian's own share of each step, measured in the scheduler: wall time, so positive, and
     # far below the whole schedule + update of a step even on this machine.
     assert records and all(0.0 < r["meridian_ms"] < 50.0 for r in records)
+    # Beside each step: what the model predicted for it before measuring it, the decode step the
+    # plan judged deadlines with, and when; the engine's clock runs forward.
+    assert all(r["predicted_ms"] > 0.0 and r["decode_step_ms"] > 0.0 and r["num_shed"] == 0 for r in records)
+    assert all(a["t_ms"] <= b["t_ms"] for a, b in zip(records, records[1:]))
+    assert all(r["num_running"] + r["num_waiting"] > 0 for r in records)
     out = tmp_path / "fitted.json"
     noise_out = tmp_path / "noise.json"
     assert main(["fit-profile", str(log), "--base", "h200-qwen3-8b", "--name", "cpu-fit", "--out", str(out),

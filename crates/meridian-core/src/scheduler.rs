@@ -413,6 +413,17 @@ impl Meridian {
         self.step_model.coefficients()
     }
 
+    /// What the step-time model predicts, now, for a step of `shape` (read before the step's own
+    /// duration is folded in, the model's error on it).
+    pub fn predict_step_ms(&self, shape: StepShape) -> f64 {
+        self.step_model.predict_ms(shape)
+    }
+
+    /// The decode step the last plan judged every deadline with (ms).
+    pub fn planned_decode_step_ms(&self) -> f64 {
+        self.last_decode_step_ms
+    }
+
     /// Number of live requests.
     pub fn num_requests(&self) -> usize {
         self.by_req_id.len()

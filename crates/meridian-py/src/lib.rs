@@ -870,6 +870,25 @@ impl PyMeridian {
         Ok(d)
     }
 
+    /// What the step-time model predicts now for a step of this shape (ms).
+    fn predict_step_ms(
+        &self,
+        num_prefill_tokens: u32,
+        num_decode_requests: u32,
+        num_context_tokens: u64,
+    ) -> f64 {
+        self.inner.predict_step_ms(core::StepShape {
+            num_prefill_tokens,
+            num_decode_requests,
+            num_context_tokens,
+        })
+    }
+
+    /// The decode step the last plan judged every deadline with (ms).
+    fn planned_decode_step_ms(&self) -> f64 {
+        self.inner.planned_decode_step_ms()
+    }
+
     /// Current step-time coefficients
     /// `(base_ms, per_prefill_token_ms, per_decode_request_ms, per_context_token_ms)`.
     fn step_time_coefficients(&self) -> (f64, f64, f64, f64) {

@@ -58,6 +58,8 @@ STEP_ATTR = "meridian_step_id"
 SHAPE_ATTR = "meridian_step_shape"
 #: Attribute holding Meridian's own share of ``schedule()`` (ms) on a ``SchedulerOutput``.
 COST_ATTR = "meridian_schedule_ms"
+#: Attribute holding what the plan judged with, for the step log, on a ``SchedulerOutput``.
+PLAN_NOTE_ATTR = "meridian_plan_note"
 #: Finished-request reports kept for inspection (tests, the demo, operators' debugging).
 MAX_REPORTS = 10_000
 
@@ -348,6 +350,13 @@ class MeridianScheduler(AsyncScheduler):
         if self._step_log is not None:
             # Meridian's own share of the call, vLLM's scheduling left out: what the step log reports.
             setattr(output, COST_ATTR, (handed_over - started + time.perf_counter() - returned) * 1000.0)
+            note = {
+                "decode_step_ms": round(self.meridian.planned_decode_step_ms(), 4),
+                "num_shed": len(shed),
+                "num_running": len(running),
+                "num_waiting": len(waiting),
+            }
+            setattr(output, PLAN_NOTE_ATTR, note)
         return output
 
     def update_from_output(
@@ -363,8 +372,12 @@ class MeridianScheduler(AsyncScheduler):
         now_ms = self.clock_ms()
         step_id = getattr(scheduler_output, STEP_ATTR, None)
         shape = getattr(scheduler_output, SHAPE_ATTR, None)
-        step_ms = None
+        step_ms = predicted_ms = None
         if step_id is not None and shape is not None:
+            if self._step_log is not None:
+                predicted_ms = self.meridian.predict_step_ms(
+                    shape["num_prefill_tokens"], shape["num_decode_requests"], shape["num_context_tokens"]
+                )
             step_ms = self.meridian.on_step_output(
                 now_ms, step_id, shape["num_prefill_tokens"], shape["num_decode_requests"], shape["num_context_tokens"]
             )
@@ -376,7 +389,12 @@ class MeridianScheduler(AsyncScheduler):
         self._publish_arrival(now_ms)
         if self._step_log is not None and shape is not None:
             meridian_ms = getattr(scheduler_output, COST_ATTR, 0.0) + (time.perf_counter() - started) * 1000.0
-            self._log_step(shape, step_ms, meridian_ms)
+            note = {
+                "t_ms": round(now_ms, 3),
+                "predicted_ms": predicted_ms and round(predicted_ms, 4),
+                **getattr(scheduler_output, PLAN_NOTE_ATTR, {}),
+            }
+            self._log_step(shape, step_ms, meridian_ms, note)
         self._refresh_metrics()
         return outputs
 
@@ -670,12 +688,14 @@ class MeridianScheduler(AsyncScheduler):
             force=not self.has_requests(),
         )
 
-    def _log_step(self, shape: dict[str, int], step_ms: float | None, meridian_ms: float) -> None:
+    def _log_step(self, shape: dict[str, int], step_ms: float | None, meridian_ms: float, note: dict[str, Any]) -> None:
         # The core measured the step (from when it could start until its output); the log
         # records what the core folded into its step-time model, and what Meridian itself spent
-        # on the step in schedule() and update_from_output() (vLLM's own work left out).
+        # on the step in schedule() and update_from_output() (vLLM's own work left out); then
+        # what the model predicted for the step before it was folded in, and what the plan judged
+        # deadlines with and shed (`note`): the model's error beside the decisions it drove.
         if self._step_log is not None and step_ms is not None:
-            record = {**shape, "step_ms": round(step_ms, 4), "meridian_ms": round(meridian_ms, 4)}
+            record = {**shape, "step_ms": round(step_ms, 4), "meridian_ms": round(meridian_ms, 4), **note}
             self._step_log.write(json.dumps(record) + "\n")
 
     def shutdown(self) -> None:
