@@ -552,7 +552,8 @@ class Corpus:
     def _map(self, jobs: list[Job]) -> Iterable[dict[str, Any]]:
         workers = min(len(jobs), self.jobs or (os.cpu_count() or 1))
         if workers <= 1:
-            return [run_job(j, self.cache_dir) for j in jobs]
+            # Lazily, so that ``run`` caches each result as it comes: an interrupted run keeps them.
+            return (run_job(j, self.cache_dir) for j in jobs)
         import vllm  # noqa: F401 - imported once before forking (~20 s), inherited by the workers
 
         _POOL_CACHE_DIR[:] = [self.cache_dir]
