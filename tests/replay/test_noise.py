@@ -29,6 +29,7 @@ def constant(ms: float):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("field", "value"),
     [("sigma", -0.1), ("rho", 1.0), ("rho", -0.2), ("spike_probability", 1.0), ("spike_log_sd", -1.0),
+     ("slow_sigma", -0.5), ("slow_rho", 1.0),
      ("sigma", math.nan), ("spike_log_mean", math.inf)],
 )
 def test_a_parameter_out_of_range_is_refused_by_name(field: str, value: float) -> None:
@@ -50,7 +51,8 @@ def test_a_file_of_another_format_or_with_unknown_keys_is_refused(tmp_path: Path
 
 
 def test_the_timer_keeps_the_mean_step_and_is_the_same_for_every_policy_of_a_stream() -> None:
-    noise = StepNoise(sigma=0.3, rho=0.6, spike_probability=0.05, spike_log_mean=1.0, spike_log_sd=0.2, seed=7)
+    noise = StepNoise(sigma=0.3, rho=0.6, spike_probability=0.05, spike_log_mean=1.0, spike_log_sd=0.2,
+                      slow_sigma=0.2, slow_rho=0.99, seed=7)
     timer = noise.timer(constant(10.0))
     draws = [timer(SHAPE) for _ in range(40_000)]
     assert np.mean(draws) == pytest.approx(10.0, rel=0.03)
@@ -66,26 +68,33 @@ def test_the_timer_keeps_the_mean_step_and_is_the_same_for_every_policy_of_a_str
 @settings(max_examples=60, deadline=None)
 @given(
     sigma=st.floats(0, 3), rho=st.floats(0, 0.99), p=st.floats(0, 0.99), mean=st.floats(-5, 5),
-    sd=st.floats(0, 3), seed=st.integers(0, 2**32 - 1), ms=st.floats(0, 1e4),
+    sd=st.floats(0, 3), slow=st.floats(0, 2), slow_rho=st.floats(0, 0.9999), seed=st.integers(0, 2**32 - 1),
+    ms=st.floats(0, 1e4),
 )
 def test_a_noisy_step_is_finite_and_not_negative(
-    sigma: float, rho: float, p: float, mean: float, sd: float, seed: int, ms: float
+    sigma: float, rho: float, p: float, mean: float, sd: float, slow: float, slow_rho: float, seed: int, ms: float
 ) -> None:
-    timer = StepNoise(sigma, rho, p, mean, sd, seed=seed).timer(constant(ms))
+    timer = StepNoise(sigma, rho, p, mean, sd, slow, slow_rho, seed=seed).timer(constant(ms))
     for _ in range(50):
         value = timer(SHAPE)
         assert math.isfinite(value) and value >= 0.0
 
 
 def test_the_fit_recovers_the_noise_it_is_given() -> None:
-    truth = StepNoise(sigma=0.1, rho=0.5, spike_probability=0.02, spike_log_mean=1.2, spike_log_sd=0.1, seed=3)
+    truth = StepNoise(sigma=0.1, rho=0.5, spike_probability=0.02, spike_log_mean=1.2, spike_log_sd=0.1,
+                      slow_sigma=0.1, slow_rho=0.995, seed=3)
     timer = truth.timer(constant(20.0))
-    real = [timer(SHAPE) for _ in range(30_000)]
+    real = [timer(SHAPE) for _ in range(40_000)]
     fitted = fit_step_noise(real, [20.0] * len(real), "synthetic")
     assert fitted.sigma == pytest.approx(truth.sigma, rel=0.1)
     assert fitted.rho == pytest.approx(truth.rho, abs=0.05)
     assert fitted.spike_probability == pytest.approx(truth.spike_probability, rel=0.2)
     assert fitted.spike_log_mean == pytest.approx(truth.spike_log_mean, rel=0.1)
+    assert fitted.slow_sigma == pytest.approx(truth.slow_sigma, rel=0.25)
+    assert fitted.slow_rho == pytest.approx(truth.slow_rho, abs=0.003)
+    # Noise without a slow part is not given one.
+    plain = StepNoise(sigma=0.1, rho=0.5, seed=4).timer(constant(20.0))
+    assert fit_step_noise([plain(SHAPE) for _ in range(20_000)], [20.0] * 20_000, "fast only").slow_sigma < 0.02
     with pytest.raises(ProfileError, match="needs 20 or more steps"):
         fit_step_noise(real[:5], [20.0] * 5, "short")
 

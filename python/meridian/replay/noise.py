@@ -4,7 +4,9 @@ around that price (an unpinned API server or load generator sharing the cores, a
 co-located work), in runs rather than independently, with rare steps several times as long.
 
 ``StepNoise`` is that wandering as a seeded model of the log ratio of a step's real time to the
-profile's: a stationary AR(1) Gaussian body (``sigma``, ``rho``) plus independent spikes
+profile's: a stationary Gaussian body of two AR(1) parts, a fast one from step to step
+(``sigma``, ``rho``) and a slow one that drifts over hundreds of steps (``slow_sigma``,
+``slow_rho``: the machine's slower and faster stretches), plus independent spikes
 (``spike_probability``, log factor ``spike_log_mean`` ± ``spike_log_sd``), scaled so that a step's mean time is
 the profile's: the replay's load stays the load it was calibrated at, only its timing wanders.
 ``fit_step_noise`` reads it off a real engine's step log (the residuals of
@@ -37,6 +39,8 @@ __all__ = ["NOISE_FORMAT", "StepNoise", "fit_step_noise", "step_noise_of_log"]
 NOISE_FORMAT = "meridian-step-noise/1"
 #: A residual further than this many robust standard deviations above the body's median is a spike.
 SPIKE_MADS = 4.0
+#: Steps over which the body's slow part is averaged out of the fast one.
+SLOW_WINDOW_STEPS = 200
 #: Robust standard deviations per median absolute deviation of a normal distribution.
 _MAD_TO_SD = 1.4826
 
@@ -50,6 +54,8 @@ class StepNoise:
     spike_probability: float = 0.0
     spike_log_mean: float = 0.0
     spike_log_sd: float = 0.0
+    slow_sigma: float = 0.0
+    slow_rho: float = 0.0
     seed: int = 0
     source: str = ""
 
@@ -60,6 +66,8 @@ class StepNoise:
             ("spike_probability", self.spike_probability, 0 <= self.spike_probability < 1),
             ("spike_log_mean", self.spike_log_mean, True),
             ("spike_log_sd", self.spike_log_sd, self.spike_log_sd >= 0),
+            ("slow_sigma", self.slow_sigma, self.slow_sigma >= 0),
+            ("slow_rho", self.slow_rho, 0 <= self.slow_rho < 1),
         )
         for name, value, in_range in checks:
             if (
@@ -82,15 +90,23 @@ class StepNoise:
 
         rng = np.random.Generator(np.random.PCG64([self.seed, stream]))
         innovation_sd = self.sigma * math.sqrt(1.0 - self.rho * self.rho)
-        state = [float(rng.normal(0.0, self.sigma))]  # the body starts in its stationary law
-        # E[exp(body)] = exp(sigma^2 / 2); a spike's mean factor is lognormal's mean.
+        slow_innovation_sd = self.slow_sigma * math.sqrt(1.0 - self.slow_rho * self.slow_rho)
+        # Both parts start in their stationary laws.
+        state = [float(rng.normal(0.0, self.sigma)), float(rng.normal(0.0, self.slow_sigma))]
+        # E[exp(body)] = exp(variance / 2); a spike's mean factor is lognormal's mean.
         spike_mean = math.exp(self.spike_log_mean + self.spike_log_sd**2 / 2)
-        log_scale = -(self.sigma**2) / 2 - math.log1p(self.spike_probability * (spike_mean - 1.0))
+        log_scale = -(self.sigma**2 + self.slow_sigma**2) / 2 - math.log1p(self.spike_probability * (spike_mean - 1.0))
 
         def noisy(shape: Mapping[str, int]) -> float:
-            body, spike, spike_size = rng.normal(0.0, innovation_sd), rng.random(), rng.normal()
+            body, slow, spike, spike_size = (
+                rng.normal(0.0, innovation_sd),
+                rng.normal(0.0, slow_innovation_sd),
+                rng.random(),
+                rng.normal(),
+            )
             state[0] = self.rho * state[0] + body
-            log_factor = log_scale + state[0]
+            state[1] = self.slow_rho * state[1] + slow
+            log_factor = log_scale + state[0] + state[1]
             if spike < self.spike_probability:
                 log_factor += self.spike_log_mean + self.spike_log_sd * spike_size
             return step_ms(shape) * math.exp(log_factor)
@@ -104,7 +120,16 @@ class StepNoise:
     def from_json(data: Mapping[str, Any], *, seed: int = 0, where: str = "step noise") -> StepNoise:
         if not isinstance(data, Mapping) or data.get("format") != NOISE_FORMAT:
             raise ProfileError(f"{where}: not a step-noise model (its 'format' must be {NOISE_FORMAT!r})")
-        fields = {"sigma", "rho", "spike_probability", "spike_log_mean", "spike_log_sd", "source"}
+        fields = {
+            "sigma",
+            "rho",
+            "spike_probability",
+            "spike_log_mean",
+            "spike_log_sd",
+            "slow_sigma",
+            "slow_rho",
+            "source",
+        }
         unknown = sorted(set(data) - fields - {"format"})
         if unknown:
             raise ProfileError(f"{where}: unknown keys {unknown}")
@@ -129,9 +154,11 @@ class StepNoise:
 def fit_step_noise(step_ms: list[float], predicted_ms: list[float], source: str) -> StepNoise:
     """The noise model of a step log: ``step_ms`` the real times of consecutive steps (the log's
     order), ``predicted_ms`` what the profile fitted to the same log predicts for each. Spikes are
-    residuals past ``SPIKE_MADS`` robust standard deviations above the median; the body's AR(1)
-    coefficient is the lag-1 autocorrelation of the residuals with each spike replaced by the
-    median (so a spike neither breaks a run nor counts as one)."""
+    residuals past ``SPIKE_MADS`` robust standard deviations above the median, replaced by the
+    median in the body (so a spike neither breaks a run nor counts as one). The body's slow part
+    is its moving mean over ``SLOW_WINDOW_STEPS`` steps (its spread, less what the fast part's
+    own averaging leaves in it, and its persistence from its autocorrelation one window apart);
+    the fast part is what is left, its AR(1) coefficient the lag-1 autocorrelation."""
     import numpy as np
 
     if len(step_ms) != len(predicted_ms) or len(step_ms) < 20:
@@ -145,8 +172,10 @@ def fit_step_noise(step_ms: list[float], predicted_ms: list[float], source: str)
     robust_sd = _MAD_TO_SD * float(np.median(np.abs(residual - median)))
     spikes = residual > median + SPIKE_MADS * robust_sd
     body = np.where(spikes, median, residual) - median
-    sigma = float(np.std(body[~spikes]))
-    rho = float(np.corrcoef(body[:-1], body[1:])[0, 1]) if sigma > 0 else 0.0
+    slow_sigma, slow_rho, slow = _slow_part(body)
+    fast = body - slow
+    sigma = float(np.std(fast[~spikes]))
+    rho = float(np.corrcoef(fast[:-1], fast[1:])[0, 1]) if sigma > 0 else 0.0
     spike_logs = residual[spikes] - median
     return StepNoise(
         sigma=sigma,
@@ -154,8 +183,32 @@ def fit_step_noise(step_ms: list[float], predicted_ms: list[float], source: str)
         spike_probability=float(spikes.mean()),
         spike_log_mean=float(spike_logs.mean()) if spikes.any() else 0.0,
         spike_log_sd=float(spike_logs.std()) if spikes.sum() > 1 else 0.0,
+        slow_sigma=slow_sigma,
+        slow_rho=slow_rho,
         source=f"{source}: {int(usable.sum())} steps, {int(spikes.sum())} spikes past {SPIKE_MADS:g} MADs",
     )
+
+
+def _slow_part(body: Any) -> tuple[float, float, Any]:
+    """The slow part of a residual series: its spread and per-step persistence, and the part itself
+    (zeros when the series is too short to see one or it does not persist)."""
+    import numpy as np
+
+    window = SLOW_WINDOW_STEPS
+    if len(body) < 4 * window:
+        return 0.0, 0.0, np.zeros_like(body)
+    slow = np.convolve(body, np.ones(window) / window, mode="same")
+    lag_corr = float(np.corrcoef(slow[:-window], slow[window:])[0, 1])
+    # What a window's mean keeps of the fast part: its variance / window, times (1 + r) / (1 - r)
+    # for its step-to-step correlation r (the lag-1 correlation of the body, near the fast part's).
+    r = min(max(float(np.corrcoef(body[:-1], body[1:])[0, 1]), 0.0), 0.99)
+    variance = float(np.var(slow)) - float(np.var(body)) * (1 + r) / (1 - r) / window
+    if not (math.isfinite(lag_corr) and lag_corr > 0 and variance > 0):
+        return 0.0, 0.0, np.zeros_like(body)
+    rho = min(lag_corr ** (1.0 / window), 0.9999)
+    # A window's mean of an AR(1) keeps this share of its variance (it averages part of it away).
+    kept = ((1 + rho) / (1 - rho) - 2 * rho * (1 - rho**window) / (window * (1 - rho) ** 2)) / window
+    return math.sqrt(variance / min(kept, 1.0)), rho, slow
 
 
 def step_noise_of_log(step_log_path: str | Path, profile: Profile, *, warmup_steps: int | None = None) -> StepNoise:
