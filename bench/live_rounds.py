@@ -32,9 +32,8 @@ import numpy as np
 
 from meridian.demo.loadgen import LIVE_MODELS, RecordTimes, live_profile, workload_trace
 from meridian.offline.engine import offline_environment
-from meridian.replay.noise import step_noise_of_log
 from meridian.replay.policies import policy_spec, replay_policy
-from meridian.replay.profiles import fit_profile
+from meridian.replay.profiles import fit_profile, step_noise_of_log
 from meridian.replay.report import is_shed
 from meridian.replay.workload import model_dir_for, offline_requests
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from meridian.demo.loadgen import LIVE_MODELS, live_profile, workload_trace
 from meridian.offline.engine import offline_environment
-from meridian.replay.noise import StepNoise, step_noise_of_log
+from meridian.replay.noise import StepNoise
 from meridian.replay.policies import meridian_seed_step_time, policy_spec, replay_policy
-from meridian.replay.profiles import Profile, fit_profile
+from meridian.replay.profiles import Profile, fit_profile, step_noise_of_log
 from meridian.replay.report import summarize
 from meridian.replay.workload import model_dir_for, offline_requests
 

@@ -9,7 +9,7 @@ profile's: a stationary Gaussian body of two AR(1) parts, a fast one from step t
 ``slow_rho``: the machine's slower and faster stretches), plus independent spikes
 (``spike_probability``, log factor ``spike_log_mean`` ± ``spike_log_sd``), scaled so that a step's mean time is
 the profile's: the replay's load stays the load it was calibrated at, only its timing wanders.
-``fit_step_noise`` reads it off a real engine's step log (the residuals of
+``fit_step_noise`` reads it off a real engine's step log (``profiles.step_noise_of_log``) (the residuals of
 the linear fit ``fit_profile`` makes of the same log); ``StepNoise.timer`` gives one engine's
 step-time function, deterministic in ``(seed, stream)`` and the step's index, so every policy of a
 replay meets the same noise at the same step (common random numbers: the comparison between two
@@ -26,14 +26,11 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from meridian.errors import ProfileError
 
-if TYPE_CHECKING:
-    from meridian.replay.profiles import Profile
-
-__all__ = ["NOISE_FORMAT", "StepNoise", "fit_step_noise", "step_noise_of_log"]
+__all__ = ["NOISE_FORMAT", "StepNoise", "fit_step_noise"]
 
 #: The format tag of a noise model's JSON file.
 NOISE_FORMAT = "meridian-step-noise/1"
@@ -209,16 +206,3 @@ def _slow_part(body: Any) -> tuple[float, float, Any]:
     # A window's mean of an AR(1) keeps this share of its variance (it averages part of it away).
     kept = ((1 + rho) / (1 - rho) - 2 * rho * (1 - rho**window) / (window * (1 - rho) ** 2)) / window
     return math.sqrt(variance / min(kept, 1.0)), rho, slow
-
-
-def step_noise_of_log(step_log_path: str | Path, profile: Profile, *, warmup_steps: int | None = None) -> StepNoise:
-    """``fit_step_noise`` on a step log (``step_log_path``) against ``profile`` (best the one
-    ``fit_profile`` fitted to the same log), its warm-up and empty steps dropped as the fit drops
-    them."""
-    from meridian.replay.profiles import DEFAULT_WARMUP_STEPS, read_step_log
-
-    rows = read_step_log(step_log_path)[DEFAULT_WARMUP_STEPS if warmup_steps is None else warmup_steps :]
-    usable = [row for row in rows if not row.batch.is_empty]
-    return fit_step_noise(
-        [row.step_ms for row in usable], [profile.step_time_ms(row.batch) for row in usable], str(step_log_path)
-    )

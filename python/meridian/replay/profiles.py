@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from meridian.errors import InvalidArgumentError, ProfileError
 from meridian.offline.engine import TransferCost
-from meridian.replay.noise import StepNoise
+from meridian.replay.noise import StepNoise, fit_step_noise
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,6 +38,7 @@ __all__ = [
     "StepBatch",
     "available_profiles",
     "fit_profile",
+    "step_noise_of_log",
 ]
 
 BUNDLED_DIR = Path(__file__).parent / "profiles"
@@ -637,12 +638,21 @@ def _nnls(design: npt.NDArray[np.float64], target: npt.NDArray[np.float64]) -> n
     return result
 
 
+def step_noise_of_log(step_log_path: str | Path, profile: Profile, *, warmup_steps: int | None = None) -> StepNoise:
+    """``fit_step_noise`` on a step log (``step_log_path``) against ``profile`` (best the one
+    ``fit_profile`` fitted to the same log), its warm-up and empty steps dropped as the fit drops
+    them."""
+    rows = read_step_log(step_log_path)[DEFAULT_WARMUP_STEPS if warmup_steps is None else warmup_steps :]
+    usable = [row for row in rows if not row.batch.is_empty]
+    return fit_step_noise(
+        [row.step_ms for row in usable], [profile.step_time_ms(row.batch) for row in usable], str(step_log_path)
+    )
+
+
 def write_fitted_profile(step_log_path: Path, base: str, name: str, out: Path, noise_out: Path | None = None) -> str:
     """``meridian fit-profile``: fits ``step_log_path`` on top of the profile ``base`` (name or
     JSON file), writes the new profile to ``out`` and, given ``noise_out``, the log's step-time
     noise around it (``meridian.replay.noise``); returns what the fit reports."""
-    from meridian.replay.noise import step_noise_of_log
-
     profile = fit_profile(step_log_path, Profile.load(base), name)
     out.write_text(json.dumps(profile.to_json(), indent=2) + "\n", encoding="utf-8")
     report = f"wrote {out}: {profile.sources['fit']}"
