@@ -114,14 +114,14 @@ def render(out: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|"]
     for arm, r in out["noiseless"].items():
         ratio = out["noiseless"]["meridian"]["good"] / r["good"] if r["good"] and "meridian" in out["noiseless"] else 0
-        lines.append(f"| none | {arm} | {r['good']} | {r['good']} | {r['good']} | {r['shed'] + r['refused']} | {ratio:.2f} |")
+        lines.append(f"| none | {arm} | {r['good']} | {r['good']} | {r['good']} | {r['shed']} | {ratio:.2f} |")
     for scale, rounds in out["noisy"].items():
         for arm, rs in rounds.items():
             goods = [r["good"] for r in rs]
             worst_ratio = min((m["good"] / r["good"] for m, r in zip(rounds.get("meridian", []), rs) if r["good"]),
                               default=0.0)
             lines.append(f"| ×{scale} | {arm} | {', '.join(map(str, goods))} | {statistics.median(goods):g} | "
-                         f"{min(goods)} | {statistics.median(r['shed'] + r['refused'] for r in rs):g} | {worst_ratio:.2f} |")
+                         f"{min(goods)} | {statistics.median(r['shed'] for r in rs):g} | {worst_ratio:.2f} |")
     return "\n".join(lines)
 
 
