@@ -248,6 +248,10 @@ pub struct Meridian {
     /// The longest the step this plan schedules may take (its budget's worth of prompt chunks
     /// with every running decode): how much later than this plan the next one can come.
     longest_step_ms: f64,
+    /// How long a request left waiting by this plan waits for the next admission, lately: the
+    /// time between two requests' first tokens, at least a decode step (the value-at-risk order
+    /// prices a wait that long).
+    next_start_wait_ms: f64,
     /// How fast requests get their first token: the rate at which the queue drains (the
     /// saturation gauge reads it).
     start_rate: load::RateMeter,
@@ -328,6 +332,7 @@ impl Meridian {
             last_decode_step_ms: 0.0,
             queued_lead_ms: 0.0,
             longest_step_ms: 0.0,
+            next_start_wait_ms: 0.0,
             start_rate: load::RateMeter::default(),
             class_triage,
             fresh_think_viable_tokens: vec![0.0; class_table.len()],
@@ -600,6 +605,8 @@ impl Meridian {
         self.last_decode_step_ms = decode_step_ms;
         let token_budget = self.token_budget(&load);
         self.longest_step_ms = self.longest_step_ms(&load, !running.is_empty(), token_budget, decode_step_ms);
+        let starts_per_ms = self.start_rate.at(now_ms).max(1.0 / load::RATE_TIME_CONSTANT_MS);
+        self.next_start_wait_ms = (1.0 / starts_per_ms).max(decode_step_ms);
         self.queued_lead_ms = self.longest_step_ms + (overload::QUEUED_LEAD_STEPS - 1.0) * decode_step_ms;
         let candidates = self.judge(now_ms, running, waiting, decode_step_ms);
         let shed = self.triage(running, waiting, num_free_blocks, candidates);

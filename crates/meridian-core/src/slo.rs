@@ -77,6 +77,14 @@ pub enum WaitingOrder {
     /// met fewer targets (28 against 32 over three seeds) and let an answer be preempted once.
     #[default]
     ValueDensity,
+    /// Value at risk first, in classes whose late requests are shed (the others keep `slack`):
+    /// what a request loses by waiting for the next admission — its probability of meeting its
+    /// targets if admitted now less that if admitted one start later (the time between two
+    /// requests' first tokens, lately; a request that would miss its TTFT target by then loses
+    /// all of it) — per millisecond of engine time, as `value_density` prices it. A fresh
+    /// request loses little by waiting and lets one near its TTFT deadline go first; among
+    /// requests that lose alike, the cheaper first; one that cannot make it either way, last.
+    ValueAtRisk,
 }
 
 /// How long after its arrival a request of a `shed` class may still be shed (key

@@ -359,10 +359,15 @@ impl Meridian {
             // Value density only where the requests it passes over may be shed: under `queue`
             // every request is served anyway, and the cheap ones first only bring many to
             // their answers together (measured on the scripted KV-pressure scenario).
-            let density = self.config.overload.waiting_order == WaitingOrder::ValueDensity
-                && self.class_triage[r.class.index()] == OnOverload::Shed;
+            let shed_class = self.class_triage[r.class.index()] == OnOverload::Shed;
             // Highest density first: the key sorts ascending.
-            let urgency = if density { -self.value_density(now_ms, r, &targets, step_ms) } else { slack_ms };
+            let urgency = match self.config.overload.waiting_order {
+                WaitingOrder::ValueDensity if shed_class => -self.value_density(now_ms, r, &targets, step_ms),
+                WaitingOrder::ValueAtRisk if shed_class => {
+                    -self.value_at_risk(now_ms, r, &targets, step_ms, self.next_start_wait_ms)
+                }
+                _ => slack_ms,
+            };
             (rank.saturating_sub((waited_ms * self.inv_aging_ms).min(255.0) as u8), urgency)
         };
         let rank = u64::from(rank);
@@ -385,18 +390,66 @@ impl Meridian {
     #[inline]
     pub(super) fn value_density(&self, now_ms: f64, r: &Hot, targets: &SloTargets, step_ms: f64) -> f64 {
         let prefill_ms = if r.has_started { 0.0 } else { self.prompt_ms(r) };
-        let lengths = &self.lengths[r.class.index()];
-        let prob = if r.is_reasoning && r.phase != Phase::Answer {
-            let left_ms = r.arrival_ms + targets.ttfat_ms - now_ms - prefill_ms;
-            // One decode step produces the first answer token after the thinking ends.
-            lengths.think.prob_within(r.num_think_tokens, left_ms / step_ms - 1.0)
-        } else {
-            1.0
+        let prob = self.ttfat_probability(now_ms, r, targets, step_ms, prefill_ms);
+        prob / self.engine_cost_ms(r, step_ms, prefill_ms)
+    }
+
+    /// What the request loses by waiting `wait_ms` more for its admission, per millisecond of
+    /// engine time ([`WaitingOrder::ValueAtRisk`]): its probability of meeting its targets if
+    /// admitted now less that if admitted `wait_ms` later, where a request not yet started
+    /// whose prefill would then end past its TTFT deadline has none left. Why the difference:
+    /// value density ranks a fresh request, which has the most time left, first, and requests
+    /// that have waited run out their TTFT target behind fresh ones that could have waited
+    /// (measured on the live overload workloads: most TTFT sheds met every target when queued).
+    #[inline]
+    pub(super) fn value_at_risk(
+        &self,
+        now_ms: f64,
+        r: &Hot,
+        targets: &SloTargets,
+        step_ms: f64,
+        wait_ms: f64,
+    ) -> f64 {
+        let prefill_ms = if r.has_started { 0.0 } else { self.prompt_ms(r) };
+        let value_at = |at_ms: f64| {
+            let misses_ttft = !r.has_started && at_ms + prefill_ms > r.arrival_ms + targets.ttft_ms;
+            if misses_ttft {
+                0.0
+            } else {
+                self.ttfat_probability(at_ms, r, targets, step_ms, prefill_ms)
+            }
         };
+        let lost = (value_at(now_ms) - value_at(now_ms + wait_ms)).max(0.0);
+        lost / self.engine_cost_ms(r, step_ms, prefill_ms)
+    }
+
+    /// The probability that the request, admitted at `at_ms`, gives its first answer token by
+    /// its TTFAT deadline (1 once it answers or for a request that does not reason).
+    #[inline]
+    fn ttfat_probability(
+        &self,
+        at_ms: f64,
+        r: &Hot,
+        targets: &SloTargets,
+        step_ms: f64,
+        prefill_ms: f64,
+    ) -> f64 {
+        if !r.is_reasoning || r.phase == Phase::Answer {
+            return 1.0;
+        }
+        let left_ms = r.arrival_ms + targets.ttfat_ms - at_ms - prefill_ms;
+        // One decode step produces the first answer token after the thinking ends.
+        self.lengths[r.class.index()].think.prob_within(r.num_think_tokens, left_ms / step_ms - 1.0)
+    }
+
+    /// The engine time a request is expected to take from admission: its prefill, then its
+    /// median remaining thinking and answer at `step_ms` a token (never 0).
+    #[inline]
+    fn engine_cost_ms(&self, r: &Hot, step_ms: f64, prefill_ms: f64) -> f64 {
         let think_tokens = if r.phase == Phase::Answer { 0.0 } else { self.expected_think_tokens(r) };
-        let answer_tokens = lengths.answer.remaining_quantile(r.num_answer_tokens, Quantile::P50);
-        let cost_ms = prefill_ms + (think_tokens + answer_tokens) * step_ms;
-        prob / cost_ms.max(f64::MIN_POSITIVE)
+        let answer_tokens =
+            self.lengths[r.class.index()].answer.remaining_quantile(r.num_answer_tokens, Quantile::P50);
+        (prefill_ms + (think_tokens + answer_tokens) * step_ms).max(f64::MIN_POSITIVE)
     }
 
     /// UniBoost's key: the arrival pushed back by the work the request has made known (prompt and

@@ -36,7 +36,7 @@ static OPERATIONS: AtomicU64 = AtomicU64::new(0);
 fn config_json() -> impl Strategy<Value = String> {
     let policy = prop::sample::select(vec!["meridian", "answer_first", "pascal", "uniboost", "scorpio"]);
     let triage = prop::sample::select(vec!["queue", "shed", "degrade"]);
-    let order = prop::sample::select(vec!["slack", "value_density"]);
+    let order = prop::sample::select(vec!["slack", "value_density", "value_at_risk"]);
     let until = prop::sample::select(vec!["ttft", "ttfat"]);
     let restore = prop::sample::select(vec!["auto", "always", "never"]);
     // Targets from milliseconds (late within a short case) to the defaults' minutes.

@@ -1260,6 +1260,68 @@ fn value_density_is_the_default_and_leaves_queueing_classes_in_slack_order() {
     assert_eq!(waiting_order_of("value_density", "queue", &SHORT_AND_LONG, 0.0), vec![1, 0]);
 }
 
+/// A class with a binding TTFT target (30 s) beside its TTFAT target (60 s), in which value
+/// density runs fresh requests ahead of ones about to miss their TTFT target.
+fn tight_ttft_engine(waiting_order: &str) -> Meridian {
+    let config = format!(
+        r#"{{"aging_ms": 1e9, "starvation_ms": 1e9, "overload": {{"fcfs_slack_ttft_factor": 0,
+            "waiting_order": "{waiting_order}", "min_success_probability": 0.001}},
+            "classes": {{"c": {{"ttft_ms": 30000, "ttfat_ms": 60000, "answer_tpot_ms": 1000, "rank": 0,
+            "on_overload": "shed"}}}}, "default_class": "c"}}"#
+    );
+    engine_with(Config::from_json(&config).unwrap())
+}
+
+/// At 25 s the older request (arrived at 0) has 5 s left to its first token and 35 s to its
+/// first answer token, the younger (at 20 s) 25 s and 55 s.
+fn older_and_younger(core: &mut Meridian) -> [ReqHandle; 2] {
+    [add(core, "older", 0.0, 16), add(core, "younger", 20_000.0, 16)]
+}
+
+#[test]
+fn value_at_risk_runs_the_request_about_to_miss_its_ttft_target_before_a_fresh_one() {
+    let mut core = tight_ttft_engine("value_at_risk");
+    let [older, younger] = older_and_younger(&mut core);
+    core.plan_step(25_000.0, &[], &[older, younger], 1000).unwrap();
+    let step_ms = core.last_decode_step_ms;
+    let targets = core.targets(core.hot(older).class);
+    let (o, y) = (core.hot(older), core.hot(younger));
+    // Value density: the younger has more time left for its thinking, so it goes first.
+    assert!(
+        core.value_density(25_000.0, y, &targets, step_ms)
+            > core.value_density(25_000.0, o, &targets, step_ms)
+    );
+    // Waiting 10 s costs the older all of its chance (its TTFT target passes) and the younger
+    // only what 10 s less for its thinking takes.
+    let (risk_older, risk_younger) = (
+        core.value_at_risk(25_000.0, o, &targets, step_ms, 10_000.0),
+        core.value_at_risk(25_000.0, y, &targets, step_ms, 10_000.0),
+    );
+    assert!(risk_older > risk_younger && risk_younger > 0.0, "{risk_older} vs {risk_younger}");
+    assert_eq!(risk_older, core.value_density(25_000.0, o, &targets, step_ms));
+    // A request whose first token cannot come in time even now has nothing left to lose.
+    assert_eq!(core.value_at_risk(31_000.0, o, &targets, step_ms, 1_000.0), 0.0);
+}
+
+#[test]
+fn value_at_risk_prices_the_wait_for_the_next_start() {
+    // No start seen yet: the wait is the start rate's floor, 10 s, past the older request's TTFT
+    // deadline and not the younger's, so the older goes first (value density: the younger).
+    let mut core = tight_ttft_engine("value_at_risk");
+    let [older, younger] = older_and_younger(&mut core);
+    assert_eq!(core.plan_step(25_000.0, &[], &[older, younger], 1000).unwrap().waiting_order, vec![0, 1]);
+    assert_eq!(core.next_start_wait_ms, 10_000.0);
+    let mut density = tight_ttft_engine("value_density");
+    let handles = older_and_younger(&mut density);
+    assert_eq!(density.plan_step(25_000.0, &[], &handles, 1000).unwrap().waiting_order, vec![1, 0]);
+    // Requests starting every 25 ms: the wait is about that (never under a decode step).
+    for k in 0..200 {
+        core.start_rate.record(20_000.0 + 25.0 * f64::from(k));
+    }
+    core.plan_step(25_000.0, &[], &[older, younger], 1000).unwrap();
+    assert!(core.next_start_wait_ms < 100.0 && core.next_start_wait_ms >= core.last_decode_step_ms);
+}
+
 #[test]
 fn the_waiting_order_key_is_validated_by_name() {
     let err = Config::from_json(r#"{"overload": {"waiting_order": "fastest"}}"#).unwrap_err().to_string();
