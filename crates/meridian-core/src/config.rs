@@ -432,7 +432,8 @@ config_root! {
         /// Each line also says what the step-time model predicted for the step before measuring it
         /// (`predicted_ms`), the decode step the plan judged deadlines with (`decode_step_ms`), the
         /// requests it shed (`num_shed`), ran and left waiting, and when (`t_ms`, the engine's
-        /// clock): the model's error beside the decisions it drove. Unset: no step log. Under data parallelism, named per rank as `request_log_path` is.
+        /// clock): the model's error beside the decisions it drove. Unset: no step log. Under data
+        /// parallelism, named per rank as `request_log_path` is.
         step_log_path: String => file_path,
     }
     blocks {

@@ -29,7 +29,7 @@ use crate::ledger::{Attainment, ClassCounters, FinishReason, RequestLedger};
 use crate::phase::{Phase, PhaseTracker, ReasoningMarkers};
 use crate::predictor::{Quantile, ResidualLength};
 use crate::prefix_index::PrefixIndex;
-use crate::slo::{ClassId, OnOverload, SloTargets};
+use crate::slo::{ClassId, OnOverload, SloTargets, WaitingOrder};
 use crate::step_model::{StepCoefficients, StepSample, StepShape, StepTimeModel};
 use crate::thinking::{FiredAt, StopReason, ThinkingControl};
 
@@ -605,8 +605,11 @@ impl Meridian {
         self.last_decode_step_ms = decode_step_ms;
         let token_budget = self.token_budget(&load);
         self.longest_step_ms = self.longest_step_ms(&load, !running.is_empty(), token_budget, decode_step_ms);
-        let starts_per_ms = self.start_rate.at(now_ms).max(1.0 / load::RATE_TIME_CONSTANT_MS);
-        self.next_start_wait_ms = (1.0 / starts_per_ms).max(decode_step_ms);
+        if self.config.overload.waiting_order == WaitingOrder::ValueAtRisk {
+            // Only that order reads it: no rate read on the other orders' plans.
+            let starts_per_ms = self.start_rate.at(now_ms).max(1.0 / load::RATE_TIME_CONSTANT_MS);
+            self.next_start_wait_ms = (1.0 / starts_per_ms).max(decode_step_ms);
+        }
         self.queued_lead_ms = self.longest_step_ms + (overload::QUEUED_LEAD_STEPS - 1.0) * decode_step_ms;
         let candidates = self.judge(now_ms, running, waiting, decode_step_ms);
         let shed = self.triage(running, waiting, num_free_blocks, candidates);
