@@ -48,6 +48,10 @@ def test_a_file_of_another_format_or_with_unknown_keys_is_refused(tmp_path: Path
     path.write_text(json.dumps({"format": NOISE_FORMAT, "sigma": 0.1, "rho": 2}))
     with pytest.raises(ProfileError, match=f"{path}: step noise: rho = 2"):
         StepNoise.load(path)
+    for bad in ({"sigma": "x"}, {"rho": True}, {"slow_sigma": None}, {"source": 5}):
+        path.write_text(json.dumps({"format": NOISE_FORMAT, "sigma": 0.1, "rho": 0.2, **bad}))
+        with pytest.raises(ProfileError, match=f"{next(iter(bad))} = "):
+            StepNoise.load(path)
 
 
 def test_the_timer_keeps_the_mean_step_and_is_the_same_for_every_policy_of_a_stream() -> None:

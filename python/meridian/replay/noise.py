@@ -57,23 +57,24 @@ class StepNoise:
     source: str = ""
 
     def __post_init__(self) -> None:
-        checks = (
-            ("sigma", self.sigma, self.sigma >= 0),
-            ("rho", self.rho, 0 <= self.rho < 1),
-            ("spike_probability", self.spike_probability, 0 <= self.spike_probability < 1),
-            ("spike_log_mean", self.spike_log_mean, True),
-            ("spike_log_sd", self.spike_log_sd, self.spike_log_sd >= 0),
-            ("slow_sigma", self.slow_sigma, self.slow_sigma >= 0),
-            ("slow_rho", self.slow_rho, 0 <= self.slow_rho < 1),
+        checks: tuple[tuple[str, Callable[[float], bool]], ...] = (
+            ("sigma", lambda v: v >= 0),
+            ("rho", lambda v: 0 <= v < 1),
+            ("spike_probability", lambda v: 0 <= v < 1),
+            ("spike_log_mean", lambda v: True),
+            ("spike_log_sd", lambda v: v >= 0),
+            ("slow_sigma", lambda v: v >= 0),
+            ("slow_rho", lambda v: 0 <= v < 1),
         )
-        for name, value, in_range in checks:
-            if (
-                not isinstance(value, int | float)
-                or isinstance(value, bool)
-                or not math.isfinite(value)
-                or not in_range
-            ):
+        for name, in_range in checks:
+            value = getattr(self, name)
+            # The type first: a string or a bool from a JSON file is named, not compared.
+            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+                raise ProfileError(f"step noise: {name} = {value!r} is not a finite number")
+            if not in_range(value):
                 raise ProfileError(f"step noise: {name} = {value!r} is out of range")
+        if not isinstance(self.source, str):
+            raise ProfileError(f"step noise: source = {self.source!r} is not a string")
 
     def with_seed(self, seed: int) -> StepNoise:
         return StepNoise(**{**asdict(self), "seed": seed})
