@@ -255,6 +255,9 @@ pub struct Meridian {
     /// How fast requests get their first token: the rate at which the queue drains (the
     /// saturation gauge reads it).
     start_rate: load::RateMeter,
+    /// What a started request held its seat for, lately: the queue's drain rate when every seat
+    /// is busy (see [`load::SeatMeter`]).
+    seat_meter: load::SeatMeter,
     /// Whether any class sheds (the plan skips the triage pass otherwise).
     any_shed_class: bool,
     /// Live requests whose thinking a plan ended ([`Tracked::thinking_ended`]): while none,
@@ -334,6 +337,7 @@ impl Meridian {
             longest_step_ms: 0.0,
             next_start_wait_ms: 0.0,
             start_rate: load::RateMeter::default(),
+            seat_meter: load::SeatMeter::default(),
             class_triage,
             fresh_think_viable_tokens: vec![0.0; class_table.len()],
             step_model: StepTimeModel::new(&config.step_time),
@@ -607,7 +611,7 @@ impl Meridian {
         self.longest_step_ms = self.longest_step_ms(&load, !running.is_empty(), token_budget, decode_step_ms);
         if self.config.overload.waiting_order == WaitingOrder::ValueAtRisk {
             // Only that order reads it: no rate read on the other orders' plans.
-            let starts_per_ms = self.start_rate.at(now_ms).max(1.0 / load::RATE_TIME_CONSTANT_MS);
+            let starts_per_ms = self.drain_starts_per_ms(now_ms);
             self.next_start_wait_ms = (1.0 / starts_per_ms).max(decode_step_ms);
         }
         self.queued_lead_ms = self.longest_step_ms + (overload::QUEUED_LEAD_STEPS - 1.0) * decode_step_ms;
@@ -791,6 +795,10 @@ impl Meridian {
             Some(reason) => (reason, None),
             None => (FinishReason::Error, Some(finish_reason.to_owned())),
         };
+        let seat = {
+            let r = self.hot(handle);
+            (r.num_tokens.saturating_sub(r.num_output_tokens), r.num_output_tokens)
+        };
         let slot = &mut self.slots[handle.slot()];
         let mut request = slot.request.take().ok_or(Error::UnknownRequest { handle: handle.0 })?;
         slot.generation = slot.generation.wrapping_add(1);
@@ -820,6 +828,9 @@ impl Meridian {
                 ledger: request.ledger,
                 req_id: request.req_id,
             });
+        }
+        if seat.1 > 0 {
+            self.seat_meter.record(seat.0, seat.1);
         }
         let attainment = request.handoff.judge(&metrics, &targets);
         let counters = &mut self.class_counters[request.class.index()];

@@ -10,6 +10,7 @@
 use super::{Hot, Meridian, ReqHandle};
 use crate::error::Result;
 use crate::phase::Phase;
+use crate::step_model::StepShape;
 
 /// One SLO class's share of the engine.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -89,6 +90,36 @@ impl RateMeter {
     }
 }
 
+/// The seat a finished request held, lately: decayed means of its prompt and of the tokens it
+/// generated, over about [`SEAT_MEMORY_REQUESTS`] requests (a plain mean before that many).
+/// Every request that generated a token counts, however it ended: a shed or aborted one held its
+/// seat too. The means are of lengths, not times, so a light load's fast steps do not pass for
+/// a full engine's.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SeatMeter {
+    num: f64,
+    prompt_tokens: f64,
+    output_tokens: f64,
+}
+
+/// The seat meter's memory, in finished requests: a few seats' turnovers, so a shift in the mix
+/// shows within seconds under load.
+pub const SEAT_MEMORY_REQUESTS: f64 = 100.0;
+
+impl SeatMeter {
+    pub(crate) fn record(&mut self, num_prompt_tokens: u32, num_output_tokens: u32) {
+        self.num = (self.num + 1.0).min(SEAT_MEMORY_REQUESTS);
+        let weight = 1.0 / self.num;
+        self.prompt_tokens += weight * (f64::from(num_prompt_tokens) - self.prompt_tokens);
+        self.output_tokens += weight * (f64::from(num_output_tokens) - self.output_tokens);
+    }
+
+    /// The mean prompt and output tokens, once a request has finished.
+    pub(crate) fn means(&self) -> Option<(f64, f64)> {
+        (self.num > 0.0).then_some((self.prompt_tokens, self.output_tokens))
+    }
+}
+
 /// The engine's load as one plan sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineLoad {
@@ -147,8 +178,7 @@ impl Meridian {
                 waiting_by_rank[usize::from(self.class_table[r.class.index()].1)] += 1;
             }
         }
-        // At least one start per time constant: a queue that has not moved yet still drains.
-        let starts_per_ms = self.start_rate.at(now_ms).max(1.0 / RATE_TIME_CONSTANT_MS);
+        let starts_per_ms = self.drain_starts_per_ms(now_ms);
         for (class, &(targets, rank)) in load.classes.iter_mut().zip(&self.class_table) {
             let ahead: u32 = waiting_by_rank[..=usize::from(rank)].iter().sum();
             let wait_ms = f64::from(ahead) / starts_per_ms;
@@ -161,6 +191,41 @@ impl Meridian {
             .saturating_sub(num_running + num_viable_waiting)
             .min(u32::MAX as usize) as u32;
         Ok(load)
+    }
+
+    /// Requests per ms the engine can start while a queue waits: the rate starts have been
+    /// measured at, or the rate its seats would free at when all are busy
+    /// ([`Self::full_seats_starts_per_ms`]), whichever is higher. The measured rate alone follows
+    /// demand: an engine that served a trickle reads a trickle, and a burst that then arrives is
+    /// judged to drain at it (measured live, unpinned: a load generator's stall released 85
+    /// requests at once on an engine that had been starting 6 a second; the queue then drained at
+    /// 20-27 a second, and the gate had refused 56 requests that queued would have met their
+    /// targets). At least one start per time constant: a queue that has not moved yet still
+    /// drains.
+    pub(super) fn drain_starts_per_ms(&self, now_ms: f64) -> f64 {
+        let measured = self.start_rate.at(now_ms);
+        measured.max(self.full_seats_starts_per_ms()).max(1.0 / RATE_TIME_CONSTANT_MS)
+    }
+
+    /// The rate seats free at with every seat busy, by Little's law: `max_num_seqs` over the
+    /// time a request holds its seat — the prefill of the mean prompt and the mean output of the
+    /// requests that finished lately ([`SeatMeter`]), at the decode step of a full engine. 0
+    /// before a request has finished: then only the measured rate speaks.
+    fn full_seats_starts_per_ms(&self) -> f64 {
+        let Some((prompt_tokens, output_tokens)) = self.seat_meter.means() else { return 0.0 };
+        let seats = self.limits.max_num_seqs.max(1);
+        let full = StepShape {
+            num_prefill_tokens: 0,
+            num_decode_requests: seats,
+            num_context_tokens: (f64::from(seats) * (prompt_tokens + output_tokens / 2.0)).round() as u64,
+        };
+        let prefill = StepShape { num_prefill_tokens: prompt_tokens.round() as u32, ..StepShape::default() };
+        let seat_ms = self.step_model.predict_ms(prefill) + output_tokens * self.step_model.predict_ms(full);
+        if seat_ms.is_finite() && seat_ms > 0.0 {
+            f64::from(seats) / seat_ms
+        } else {
+            0.0
+        }
     }
 
     fn count_request(&self, class: &mut ClassLoad, r: &Hot, is_waiting: bool, now_ms: f64, step_ms: f64) {
@@ -203,6 +268,7 @@ mod tests {
 
     use super::ClassLoad;
     use crate::scheduler::tiers::tests::core;
+    use crate::step_model::StepShape;
     use crate::{Meridian, NewRequest, ReqHandle};
 
     const THINK: u32 = 1;
@@ -283,6 +349,53 @@ mod tests {
         assert!((18.0..22.0).contains(&per_s), "{per_s}");
         let later = meter.at(2_000.0 + super::RATE_TIME_CONSTANT_MS) * 1_000.0;
         assert!(later < 0.5 * per_s, "no start for a time constant: {later}");
+    }
+
+    #[test]
+    fn a_burst_after_a_trickle_drains_at_the_rate_a_full_engine_frees_seats() {
+        // One request every two seconds, each thinking 8 tokens and answering 8: the measured
+        // start rate reads a trickle (~0.5 a second).
+        let mut core = core("{}");
+        for i in 0..5 {
+            let t = 2_000.0 * f64::from(i);
+            let h = add(&mut core, &format!("t{i}"), t);
+            let mut output = vec![WORD; 8];
+            output.push(END);
+            output.extend([WORD; 7]);
+            core.on_tokens(t + 10.0, h, &output).unwrap();
+            core.finish(t + 100.0, h, "stop", &output).unwrap();
+        }
+        let trickle_per_s = core.start_rate.at(10_000.0) * 1_000.0;
+        assert!(trickle_per_s < 1.0, "{trickle_per_s}");
+        // Then a burst: its queue drains at max_num_seqs over a 16-token seat at a full
+        // engine's decode step (Little's law), not at the trickle.
+        let waiting: Vec<_> = (0..100).map(|i| add(&mut core, &format!("w{i}"), 10_000.0)).collect();
+        let load = core.engine_load(10_000.0, &[], &waiting).unwrap();
+        let seats = core.limits.max_num_seqs;
+        let full = StepShape {
+            num_prefill_tokens: 0,
+            num_decode_requests: seats,
+            num_context_tokens: u64::from(seats) * 11,
+        };
+        let prefill = StepShape { num_prefill_tokens: 3, ..StepShape::default() };
+        let seat_ms = core.predict_step_ms(prefill) + 16.0 * core.predict_step_ms(full);
+        let expected_per_s = f64::from(seats) / seat_ms * 1_000.0;
+        assert!(
+            (load.starts_per_s - expected_per_s).abs() < 1e-6 * expected_per_s,
+            "{} vs {expected_per_s}",
+            load.starts_per_s
+        );
+        assert!(load.starts_per_s > 10.0 * trickle_per_s);
+    }
+
+    #[test]
+    fn without_a_finished_request_only_the_measured_rate_speaks() {
+        let mut core = core("{}");
+        let h = add(&mut core, "r", 0.0);
+        core.on_tokens(1_000.0, h, &[WORD]).unwrap();
+        let load = core.engine_load(1_000.0, &[h], &[]).unwrap();
+        let measured_per_s = core.start_rate.at(1_000.0).max(1.0 / super::RATE_TIME_CONSTANT_MS) * 1_000.0;
+        assert_eq!(load.starts_per_s, measured_per_s);
     }
 
     #[test]
