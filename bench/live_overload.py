@@ -4,8 +4,8 @@ own load valve (``--max-num-queued-reqs``, sized as vLLM's docs advise: every se
 that drains within the tightest TTFT target at the measured rate), vLLM's priority scheduler with
 the same valve, and Meridian with its middleware and defaults.
 
-The rate is calibrated on the machine first (a stock server's completions under a burst of the
-same length family, ``measure_capacity_rps``) and each load is a multiple of it. Every round runs a
+The rate is calibrated on the machine first, per placement (a stock server's completions under a
+burst of the same length family, ``measure_capacity_rps``) and each load is a multiple of it. Every round runs a
 fresh server; the arms rotate (round k starts with arm k mod n), so each goes first equally often.
 Per load and arm the table gives the medians over rounds of the requests meeting every target of
 their class (a refusal — Meridian's shed or the valve's 503 — is a miss), per class, with the
@@ -311,46 +311,53 @@ def main() -> int:
         return 2
     classes = settings.model.classes
     class_names = [c.name for c in classes]
-    settings = dataclasses.replace(settings, pin=args.placements[0] == "pinned")
-    capacity = args.capacity_rps or measure_capacity_rps("stock", args.out, settings, lengths=args.lengths)
-    cap = args.cap or little_law_queue_cap(capacity, min(c.ttft_ms for c in classes))
-    arms = make_arms(args.arms, cap, dict(args.variant))
-    print(f"capacity {capacity:.1f} req/s (stock, burst of the {args.lengths} family); valve cap {cap}", flush=True)
     # One folder per placement (the format of a one-placement run each); the placements' rounds
-    # interleave, so both meet the machine's drift alike.
+    # interleave, so both meet the machine's drift alike. Each placement's load is a multiple of
+    # its own capacity: unpinned, the front end and aiperf take much of the machine, so one rate
+    # for both would put the placements at different points past their knees.
     folders = {p: args.out / p if len(args.placements) > 1 else args.out for p in args.placements}
+    placed = {p: dataclasses.replace(settings, pin=p == "pinned") for p in folders}
+    capacity: dict[str, float] = {}
+    cap: dict[str, int] = {}
+    for placement, folder in folders.items():
+        folder.mkdir(parents=True, exist_ok=True)
+        capacity[placement] = args.capacity_rps or measure_capacity_rps(
+            "stock", folder, placed[placement], lengths=args.lengths)
+        cap[placement] = args.cap or little_law_queue_cap(capacity[placement], min(c.ttft_ms for c in classes))
+        print(f"[{placement}] capacity {capacity[placement]:.1f} req/s (stock, burst of the {args.lengths} family); "
+              f"valve cap {cap[placement]}", flush=True)
+    arms = {p: make_arms(args.arms, cap[p], dict(args.variant)) for p in folders}
     results: dict[str, dict[str, Any]] = {
         p: {"settings": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                          "pin": p == "pinned", "placement": p, "out": str(folder)},
-            "capacity_rps": capacity, "cap": cap, "loads": {}}
+            "capacity_rps": capacity[p], "cap": cap[p], "loads": {}}
         for p, folder in folders.items()
     }
     for i, load in enumerate(args.loads):
-        rate = round(load * capacity, 2)
-        num_requests = args.requests_given or max(1, round(rate * args.schedule_s))
-        workload = Workload(num_requests, rate, classes, seed=args.seed + i, lengths=args.lengths,
-                            max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl()
+        rates = {p: round(load * capacity[p], 2) for p in folders}
         rows: dict[str, list[dict[str, Any]]] = {p: [] for p in folders}
-        for folder in folders.values():
-            folder.mkdir(parents=True, exist_ok=True)
+        for placement, folder in folders.items():
+            num_requests = args.requests_given or max(1, round(rates[placement] * args.schedule_s))
+            workload = Workload(num_requests, rates[placement], classes, seed=args.seed + i, lengths=args.lengths,
+                                max_think=settings.model.max_think, max_tokens=settings.model.max_tokens).jsonl()
             (folder / f"workload-{load:g}x.jsonl").write_text(workload)
         for k in range(args.first_round, args.first_round + args.rounds):
             for placement, folder in folders.items():
-                placed = dataclasses.replace(settings, pin=placement == "pinned")
-                for arm in rotated(arms, k):
+                for arm in rotated(arms[placement], k):
                     name = f"{load:g}x-{k}-{arm.name}"
-                    row, recs = run_round(name, arm, folder / f"workload-{load:g}x.jsonl", folder, placed)
+                    row, recs = run_round(name, arm, folder / f"workload-{load:g}x.jsonl", folder, placed[placement])
                     pack_round(folder, name, recs)
-                    row.update({"round": k, "load": load, "rate_rps": rate, "placement": placement,
+                    row.update({"round": k, "load": load, "rate_rps": rates[placement], "placement": placement,
                                 "server_notices": server_notices(folder, name, {c.name: c.ttft_ms for c in classes})})
                     rows[placement].append(row)
                     print(f"[{placement}] ", end="")
                     print_round(load, k, row, class_names)
         for placement, folder in folders.items():
-            summary = summarize(rows[placement], arms, class_names)
+            summary = summarize(rows[placement], arms[placement], class_names)
             print(f"[{placement}]")
-            print_summary(load, summary, arms, class_names)
-            results[placement]["loads"][f"{load:g}"] = {"rate_rps": rate, "rounds": rows[placement], "summary": summary}
+            print_summary(load, summary, arms[placement], class_names)
+            results[placement]["loads"][f"{load:g}"] = {"rate_rps": rates[placement], "rounds": rows[placement],
+                                                         "summary": summary}
             (folder / "results.json").write_text(json.dumps(results[placement], indent=2, default=str) + "\n")
             (folder / "summary.md").write_text(markdown(results[placement], class_names))
     print(f"wrote {args.out / 'results.json'} ({time.strftime('%H:%M')})")
