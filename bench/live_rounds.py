@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from meridian.demo.loadgen import LIVE_MODELS, RecordTimes, live_profile, workload_trace
+from meridian.demo.loadgen import LIVE_MODELS, live_profile, read_packed_records, workload_trace
 from meridian.offline.engine import offline_environment
 from meridian.replay.policies import policy_spec, replay_policy
 from meridian.replay.profiles import fit_profile, step_noise_of_log
@@ -42,11 +42,6 @@ from meridian.replay.report import is_shed
 from meridian.replay.workload import model_dir_for, offline_requests
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def records(folder: Path, name: str) -> list[RecordTimes]:
-    with gzip.open(folder / f"records-{name}.jsonl.gz", "rt") as f:
-        return [RecordTimes(**json.loads(line)) for line in f]
 
 
 def step_rows(path: Path) -> list[dict[str, Any]]:
@@ -198,7 +193,7 @@ def main() -> int:
         name = f"{args.load}x-{k}-meridian"
         if "meridian" not in arms:
             continue
-        recs = records(args.folder, name)
+        recs = read_packed_records(args.folder, name)
         shed = [r for r in recs if r.shed]
         # The server's request log counts the engine's sheds; the rest were refused at arrival.
         notices = arms["meridian"].get("server_notices") or {}

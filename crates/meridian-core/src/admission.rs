@@ -5,7 +5,7 @@
 //! requests start, whether a seat is free now); the API server, which sees each request first but
 //! not the queue, holds an [`ArrivalGate`] fed with the latest snapshots and asks it for every
 //! request. The gate adds what it admitted since a snapshot was taken (the engine has not seen
-//! those yet) and drains the queue at the published start rate for the snapshot's age, so a burst
+//! those yet) and drains the queue at the published drain rate for the snapshot's age, so a burst
 //! is judged on the queue it builds itself. A request of a `shed` class predicted to wait past its
 //! TTFT target times `overload.arrival_wait_ttft_factor` is refused at once with the shed notice
 //! (reason `ttft`) and a `Retry-After` of the predicted excess; the engine's triage stays for
@@ -41,7 +41,9 @@ pub struct ArrivalSnapshot {
     /// When the engine took it, wall-clock ms since the Unix epoch (the clock vLLM stamps
     /// arrivals with, shared by the API server and the engine processes).
     pub taken_ms: f64,
-    /// Requests started (first token) per second lately, engine-wide; at least one per
+    /// Requests per second the engine's queue drains at, engine-wide: the rate requests have
+    /// been starting (first token) lately, or the rate a full engine frees seats, whichever is
+    /// higher ([`crate::EngineLoad::starts_per_s`]); at least one per
     /// [`crate::scheduler::RATE_TIME_CONSTANT_MS`], so a queue that has not moved yet still drains.
     pub starts_per_s: f64,
     /// Seats a request arriving now could take at the next step (`max_num_seqs` less the running

@@ -252,8 +252,9 @@ pub struct Meridian {
     /// time between two requests' first tokens, at least a decode step (the value-at-risk order
     /// prices a wait that long).
     next_start_wait_ms: f64,
-    /// How fast requests get their first token: the rate at which the queue drains (the
-    /// saturation gauge reads it).
+    /// How fast requests have been getting their first token lately: with the seat meter, the
+    /// rate at which the queue drains (`drain_starts_per_ms`; the saturation gauge and the
+    /// arrival snapshot read it).
     start_rate: load::RateMeter,
     /// What a started request held its seat for, lately: the queue's drain rate when every seat
     /// is busy (see [`load::SeatMeter`]).

@@ -701,12 +701,16 @@ def read_export(
     return summary_row(artifacts, records, classes, valve=valve), records
 
 
+def read_packed_records(out: Path, name: str) -> list[RecordTimes]:
+    """A packed round's per-request records (``pack_round``'s ``records-NAME.jsonl.gz``)."""
+    with gzip.open(out / f"records-{name}.jsonl.gz", "rt") as f:
+        return [RecordTimes(**json.loads(line)) for line in f if line.strip()]
+
+
 def read_packed_round(out: Path, name: str, classes: Iterable[ClassTargets], *, valve: bool = False) -> dict[str, Any]:
     """A packed round's row (``pack_round``: aiperf's summary and ``records-NAME.jsonl.gz``), for
     a round whose row a run did not write (it was interrupted before the load's summary)."""
-    with gzip.open(out / f"records-{name}.jsonl.gz", "rt") as f:
-        records = [RecordTimes(**json.loads(line)) for line in f if line.strip()]
-    return summary_row(out / f"aiperf-{name}", records, classes, valve=valve)
+    return summary_row(out / f"aiperf-{name}", read_packed_records(out, name), classes, valve=valve)
 
 
 def summary_row(

@@ -130,8 +130,9 @@ pub struct EngineLoad {
     /// length in which a request about to finish its answer weighs little and a fresh long
     /// thinker weighs one or more. Count-based balancers weigh both alike.
     pub phase_weighted_queue: f64,
-    /// Requests started (first token) per second lately; at least one per
-    /// [`RATE_TIME_CONSTANT_MS`].
+    /// Requests per second the queue drains at: the rate requests have been starting (first
+    /// token) lately, or the rate a full engine frees seats, whichever is higher (see
+    /// `drain_starts_per_ms`); at least one per [`RATE_TIME_CONSTANT_MS`].
     pub starts_per_s: f64,
     /// Seats a request arriving now could take at the next step: `max_num_seqs` less the running
     /// requests and the viable waiting ones.
