@@ -468,13 +468,13 @@ mod tests {
             let natural =
                 [c.base_ms, c.per_prefill_token_ms, c.per_decode_request_ms, c.per_context_token_ms];
             let theta: [f64; N] = std::array::from_fn(|k| natural[k] / SCALES[k]);
-            for k in 0..N {
+            for (k, &coefficient) in natural.iter().enumerate() {
                 let gradient = (0..N)
                     .map(|j| (m.gram[k][j] + if j == k { SEED_WEIGHT } else { 0.0 }) * theta[j])
                     .sum::<f64>()
                     - (m.moment[k] + SEED_WEIGHT * m.seed[k]);
                 let scale = m.moment[k].abs().max(1.0);
-                if natural[k] > MIN_PER_PREFILL_TOKEN_MS {
+                if coefficient > MIN_PER_PREFILL_TOKEN_MS {
                     assert!(
                         gradient.abs() < 1e-6 * scale,
                         "step {i}, coefficient {k}: gradient {gradient} at {c:?}"
