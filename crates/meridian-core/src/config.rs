@@ -440,7 +440,10 @@ config_root! {
         /// Seed of the step-time model, `step_ms = base + per_prefill_token · prompt tokens
         /// computed + per_decode_request · requests decoding + per_context_token · KV tokens read`,
         /// refitted online by exponentially weighted least squares with a ridge pull toward the
-        /// seed unless `online_fit` is false (the default seed: an H200 serving an 8B-class model).
+        /// seed, every coefficient constrained to be non-negative (the constrained optimum, not an
+        /// unconstrained fit clamped, which predicted decode steps 1.3–3× long), unless
+        /// `online_fit` is false (the default seed: an H200 serving an 8B-class model); no
+        /// prediction falls below the shortest decode step measured.
         /// Every running decode gets its token each step; prompt chunks fill the rest of the answer
         /// TPOT target, each prompt token priced at no less than what steps with long chunks (≥ 256
         /// prompt tokens) cost per token: a step's time is not linear in its prompt tokens (short
