@@ -392,21 +392,3 @@ def test_the_scheduler_creates_a_missing_bus_folder_that_only_its_user_may_enter
         assert folder.stat().st_mode & 0o777 == 0o700
     finally:
         scheduler.close()
-
-
-def test_the_bus_lives_in_shared_memory_where_it_can_else_in_the_temp_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import tempfile
-
-    from meridian.vllm import bus
-
-    monkeypatch.delenv("MERIDIAN_BUS_DIR", raising=False)
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(bus, "SHM_DIR", shm)
-    assert bus.bus_dir() == shm / f"meridian-{os.getuid()}"
-    monkeypatch.setattr(bus, "SHM_DIR", tmp_path / "no-shm")
-    assert bus.bus_dir() == Path(tempfile.gettempdir()) / f"meridian-{os.getuid()}"
-    monkeypatch.setenv("MERIDIAN_BUS_DIR", str(tmp_path / "mine"))
-    assert bus.bus_dir() == tmp_path / "mine"

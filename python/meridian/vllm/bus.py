@@ -53,23 +53,12 @@ _LOCAL: dict[int, SchedulerEndpoint] = {}
 _LOCAL_LOCK = threading.Lock()
 
 
-#: Linux's shared-memory folder (tmpfs), where the bus lives when it can.
-SHM_DIR = Path("/dev/shm")
-
-
 def bus_dir() -> Path:
-    """Where the sockets, the attainment and arrival files and (with one API server) the metrics
-    live: ``MERIDIAN_BUS_DIR``, else ``meridian-<uid>`` in ``/dev/shm`` where this user can write
-    there, else in the temp directory; a folder of this user's own rather than the shared one
-    itself. Memory first because the engine rewrites its arrival snapshot every few steps: on a
-    disk-backed temp directory (ext4 flushes a file replaced by rename) a rewrite took ~5 ms of
-    the engine's loop in every 20 ms on the live CPU bench, on tmpfs 0.02 ms. Every process of a
-    server resolves the same folder the same way."""
+    """Where the sockets, the attainment files and (with one API server) the metrics live:
+    ``MERIDIAN_BUS_DIR``, else ``meridian-<uid>`` in the temp directory, a folder of this user's
+    own rather than the shared temp directory itself."""
     explicit = os.environ.get(BUS_DIR_ENV)
-    if explicit:
-        return Path(explicit)
-    base = SHM_DIR if SHM_DIR.is_dir() and os.access(SHM_DIR, os.W_OK | os.X_OK) else Path(tempfile.gettempdir())
-    return base / f"meridian-{os.getuid()}"
+    return Path(explicit) if explicit else Path(tempfile.gettempdir()) / f"meridian-{os.getuid()}"
 
 
 def private_dir(path: Path) -> Path:
